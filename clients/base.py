@@ -1,0 +1,60 @@
+"""Shared client glue: identity from node config, local data, evaluation as a contingency table."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.client import NumPyClient
+from flwr.common import Context, NDArrays, Scalar
+
+from fedapp.config import RunConfig
+from fedapp.local_data import LocalData, client_seed, local_partition
+from fedapp.metrics import contingency_table, encode_table
+
+
+class ClientConfigError(ValueError):
+    """The node config does not fit the run config (e.g. num-partitions != num-clients)."""
+
+
+def node_identity(context: Context, cfg: RunConfig) -> tuple[int, int]:
+    """(partition-id, num-partitions) from the node config, checked against the run config."""
+    try:
+        partition_id = int(context.node_config["partition-id"])
+        num_partitions = int(context.node_config["num-partitions"])
+    except KeyError as exc:
+        raise ClientConfigError(
+            f"node config lacks {exc}; start SuperNodes with --node-config "
+            '"partition-id=<i> num-partitions=<N>"'
+        ) from None
+    if num_partitions != cfg.num_clients:
+        raise ClientConfigError(
+            f"node config num-partitions={num_partitions} but run-config num-clients={cfg.num_clients}"
+        )
+    if not 0 <= partition_id < num_partitions:
+        raise ClientConfigError(f"partition-id={partition_id} outside [0, {num_partitions})")
+    return partition_id, num_partitions
+
+
+class ClusteringClient(NumPyClient):
+    """Base client for horizontal methods: subclasses implement `fit` and `predict`."""
+
+    def __init__(self, context: Context, cfg: RunConfig) -> None:
+        self.context = context  # context.state survives rounds; the client object does not
+        self.cfg = cfg
+        self.partition_id, self.num_partitions = node_identity(context, cfg)
+        self.data: LocalData = local_partition(cfg, self.partition_id, self.num_partitions)
+        self.k = cfg.k or self.data.n_classes
+        self.seed = client_seed(cfg.seed, self.partition_id)
+
+    def identity_metrics(self) -> dict[str, Scalar]:
+        return {"partition-id": self.partition_id, "k": self.k}
+
+    def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
+        raise NotImplementedError
+
+    def evaluate(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[float, int, dict[str, Scalar]]:
+        """Label local data with the global model; only the (cluster x class) counts leave the client."""
+        predicted = self.predict(parameters, config)
+        table = contingency_table(predicted, self.data.labels, self.k, self.data.n_classes)
+        return 0.0, self.data.n_samples, {"table": encode_table(table), **self.identity_metrics()}

@@ -1,0 +1,78 @@
+"""Federated fuzzy c-means client (Stallmann & Wilbik, FL-AAAI 2022), framework-free maths + glue.
+
+Round 1: local FCM centres and their membership mass initialise the federation. Later rounds: the client
+computes its memberships to the global centres and returns the membership-weighted sums
+sum_i u_ij^m x_i (k x d) and sum_i u_ij^m (k); summing these over clients gives exactly the centralized
+FCM centre update, so with `local-iters = 1` federated FCM equals FCM on the pooled data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import NDArrays, Scalar
+from sklearn.cluster import kmeans_plusplus
+
+from clients.base import ClusteringClient
+from fedapp.clustering import nearest_centre, squared_distances
+
+INIT_ITERS = 100
+INIT_TOL = 1e-6
+
+
+def fcm_memberships(X: np.ndarray, centres: np.ndarray, m: float) -> np.ndarray:
+    """FCM memberships u_ij = 1 / sum_l (d_ij / d_il)^(2/(m-1)); rows sum to 1 (Bezdek 1981)."""
+    d2 = np.maximum(squared_distances(X, centres), 1e-300)
+    # u_ij ∝ d_ij^(-2/(m-1)) = (d2_ij)^(-1/(m-1)); normalise in log space so tiny distances do not overflow
+    log_w = -np.log(d2) / (m - 1.0)
+    log_w -= log_w.max(1, keepdims=True)
+    w = np.exp(log_w)
+    return w / w.sum(1, keepdims=True)
+
+
+def membership_sums(X: np.ndarray, centres: np.ndarray, m: float) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_i u_ij^m x_i, sum_i u_ij^m): the sufficient statistics of the FCM centre update."""
+    um = fcm_memberships(X, centres, m) ** m
+    return um.T @ np.asarray(X, dtype=np.float64), um.sum(0)
+
+
+def local_fcm(
+    X: np.ndarray,
+    k: int,
+    m: float,
+    seed: int,
+    *,
+    centres: np.ndarray | None = None,
+    iters: int = INIT_ITERS,
+    tol: float = INIT_TOL,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Plain FCM on local data (k-means++ init unless `centres` given); returns (centres, membership mass)."""
+    X = np.asarray(X, dtype=np.float64)
+    if centres is None:
+        centres, _ = kmeans_plusplus(X, n_clusters=min(k, X.shape[0]), random_state=seed)
+    for _ in range(iters):
+        sums, mass = membership_sums(X, centres, m)
+        updated = sums / mass[:, None]
+        shift = np.abs(updated - centres).max()
+        centres = updated
+        if shift <= tol:
+            break
+    return centres, membership_sums(X, centres, m)[1]
+
+
+class FFCMClient(ClusteringClient):
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        m = float(config["fuzziness"])
+        X = self.data.features
+        if config["phase"] == "init":
+            centres, mass = local_fcm(X, self.k, m, self.seed)
+            return [centres, mass], self.data.n_samples, self.identity_metrics()
+        centres = parameters[0]
+        extra_iters = int(config.get("local-iters", 1)) - 1
+        if extra_iters > 0:  # local refinement before reporting (not exact FCM any more; documented)
+            centres, _ = local_fcm(X, centres.shape[0], m, self.seed, centres=centres, iters=extra_iters)
+        sums, mass = membership_sums(X, centres, m)
+        return [sums, mass], self.data.n_samples, self.identity_metrics()
+
+    def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
+        # argmax_j u_ij is the nearest centre, so hard labels need no memberships
+        return nearest_centre(self.data.features, parameters[0])

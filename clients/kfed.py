@@ -1,0 +1,29 @@
+"""k-FED client (Dennis et al., ICML 2021, Alg. 1 local step): k' local k-means centres, sent once."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import NDArrays, Scalar
+
+from clients.base import ClusteringClient
+from fedapp.clustering import kmeans, nearest_centre
+
+
+def local_centres(X: np.ndarray, k_local: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Local k-means with k' = min(k_local, n) centres; returns (centres, counts per centre)."""
+    k_eff = min(k_local, X.shape[0])
+    centres, labels = kmeans(X, k_eff, seed)
+    counts = np.bincount(labels, minlength=k_eff).astype(np.int64)
+    return centres, counts
+
+
+class KFedClient(ClusteringClient):
+    """Round 1: send local centres + counts. Evaluation: label by the nearest global centre."""
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        k_local = int(config.get("local-k", 0)) or self.k
+        centres, counts = local_centres(self.data.features, k_local, self.seed)
+        return [centres, counts], self.data.n_samples, self.identity_metrics()
+
+    def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
+        return nearest_centre(self.data.features, parameters[0])

@@ -1,0 +1,30 @@
+"""Small clustering kernels shared by several methods (framework-free)."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.cluster import KMeans
+
+
+def squared_distances(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """(n, k) squared Euclidean distances without forming the (n, k, d) difference tensor."""
+    X = np.asarray(X, dtype=np.float64)
+    centres = np.asarray(centres, dtype=np.float64)
+    d2 = (X * X).sum(1)[:, None] - 2.0 * X @ centres.T + (centres * centres).sum(1)[None, :]
+    return np.maximum(d2, 0.0)
+
+
+def nearest_centre(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """Index of the closest centre for every row (ties -> lowest index)."""
+    return squared_distances(X, centres).argmin(1).astype(np.int64)
+
+
+def kmeans(
+    X: np.ndarray, k: int, seed: int, *, sample_weight: np.ndarray | None = None, n_init: int = 10
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded k-means++ / Lloyd (scikit-learn); returns (centres (k, d) float64, labels)."""
+    X = np.asarray(X, dtype=np.float64)
+    if not 1 <= k <= X.shape[0]:
+        raise ValueError(f"k-means needs 1 <= k <= n_samples, got k={k}, n_samples={X.shape[0]}")
+    model = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit(X, sample_weight=sample_weight)
+    return model.cluster_centers_.astype(np.float64), model.labels_.astype(np.int64)

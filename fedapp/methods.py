@@ -1,0 +1,63 @@
+"""The method registry: run-config `method` -> (strategy class, client class).
+
+Classes are named by import path and imported lazily, so the ServerApp of one method never imports the
+dependencies (torch, sentence-transformers) of another.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One runnable method. `strategy`/`client` are "module:Class"; None means centralized (no Flower)."""
+
+    name: str
+    description: str
+    strategy: str | None
+    client: str | None
+    vertical: bool = False
+
+    @property
+    def federated(self) -> bool:
+        return self.strategy is not None
+
+
+METHODS: dict[str, MethodSpec] = {
+    spec.name: spec
+    for spec in (
+        MethodSpec("kmeans", "centralized k-means on the pooled data (reference; no federation)", None, None),
+        MethodSpec(
+            "kfed",
+            "k-FED (Dennis et al. 2021): one-shot local k-means, server k-means over local centres",
+            "strategies.kfed:KFedStrategy",
+            "clients.kfed:KFedClient",
+        ),
+        MethodSpec(
+            "ffcm",
+            "federated fuzzy c-means (Stallmann & Wilbik 2022): membership-weighted sums each round",
+            "strategies.ffcm:FFCMStrategy",
+            "clients.ffcm:FFCMClient",
+        ),
+    )
+}
+
+
+class UnknownMethodError(ValueError):
+    """Raised for a method name that is not registered."""
+
+
+def method_spec(name: str) -> MethodSpec:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UnknownMethodError(f"unknown method '{name}'; choose one of {sorted(METHODS)}") from None
+
+
+def load_class(path: str) -> Any:
+    """Import "package.module:Class"."""
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)

@@ -1,0 +1,106 @@
+"""Run outputs: `summary.json`, `rounds.json` and `metrics.png` in the run's output directory.
+
+Written by the ServerApp after every evaluated round, so an interrupted run still leaves its last
+complete state on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+METRIC_KEYS = ("acc", "nmi", "ari", "purity", "kappa")
+
+
+def default_out_dir(method: str, dataset: str, seed: int) -> Path:
+    safe_dataset = dataset.replace(":", "_").replace("/", "_")
+    return Path("results") / f"{method}-{safe_dataset}-s{seed}"
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Atomic write: readers (the runner) never see a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(_finite(payload), fh, indent=2, sort_keys=False, default=_jsonable)
+    os.replace(tmp, path)
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf -> null, so the files are strict JSON (kappa is NaN for a one-class table)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def write_run_outputs(
+    out_dir: Path,
+    summary: Mapping[str, Any],
+    history: Sequence[Mapping[str, Any]],
+) -> None:
+    """summary.json + rounds.json + metrics.png (metric vs round)."""
+    write_json(out_dir / "summary.json", dict(summary))
+    write_json(out_dir / "rounds.json", list(history))
+    plot_metrics(
+        out_dir / "metrics.png", history, title=f"{summary.get('method')} on {summary.get('dataset')}"
+    )
+
+
+def plot_metrics(path: Path, history: Sequence[Mapping[str, Any]], title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [int(h["round"]) for h in history if "metrics" in h]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in METRIC_KEYS:
+        values = [h["metrics"][key] for h in history if "metrics" in h]
+        if values:
+            ax.plot(rounds, values, marker="o", label=key)
+    ax.set_xlabel("round")
+    ax.set_ylabel("score")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def format_metrics_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A markdown table of final metrics (percentages), one row per summary."""
+    header = "| method | dataset | clients | rounds | " + " | ".join(METRIC_KEYS) + " | comm MB | wall s |"
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for row in rows:
+        metrics = row.get("metrics", {})
+        comm = row.get("comm_bytes", {})
+        cells = [
+            str(row.get("method")),
+            str(row.get("dataset")),
+            str(row.get("num_clients")),
+            str(row.get("rounds")),
+            *(f"{100 * metrics[k]:.2f}" if k in metrics else "-" for k in METRIC_KEYS),
+            f"{comm.get('total_mb', 0.0):.3f}",
+            f"{row.get('wall_seconds', 0.0):.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

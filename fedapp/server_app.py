@@ -1,0 +1,37 @@
+"""The one ServerApp: run-config `method` picks the strategy (see fedapp/methods.py)."""
+
+from __future__ import annotations
+
+from logging import INFO
+
+from flwr.common import Context, log
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+
+from fedapp.config import ConfigError, parse_run_config
+from fedapp.methods import load_class, method_spec
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    """Validate the whole run config before round 1, then build the method's strategy."""
+    cfg = parse_run_config(context.run_config)
+    spec = method_spec(cfg.method)
+    if spec.strategy is None:
+        raise ConfigError(
+            f"method '{cfg.method}' is the centralized reference and does not run under Flower; "
+            f"run it with: python -m simulation run --method {cfg.method} --dataset {cfg.dataset}"
+        )
+    strategy = load_class(spec.strategy)(cfg)
+    log(
+        INFO,
+        "fedapp: method=%s dataset=%s clients=%d rounds=%d seed=%d out-dir=%s",
+        cfg.method,
+        cfg.dataset,
+        cfg.num_clients,
+        cfg.num_rounds,
+        cfg.seed,
+        strategy.out_dir.resolve(),
+    )
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.num_rounds))
+
+
+app = ServerApp(server_fn=server_fn)

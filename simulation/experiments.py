@@ -1,0 +1,136 @@
+"""TOML experiment files: several runs x seeds -> per-run summaries + a markdown table (mean ± std).
+
+File layout (see simulation/experiments/*.toml):
+
+    [experiment]
+    name = "mnist-baselines"
+    engine = "inprocess"          # or "flwr"
+    seeds = [0, 1, 2]
+    metrics = ["acc", "nmi", "kappa"]
+
+    [defaults]                    # run-config keys shared by every run
+    dataset = "mnist"
+
+    [[runs]]
+    label = "k-FED p=0"           # a row of the table
+    method = "kfed"               # any other key is a run-config override
+    p = 0.0
+    paper = { nmi = 0.5081, kappa = 0.5026 }   # optional: the paper's numbers, shown beside ours
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simulation.runner import build_overrides, execute
+
+DEFAULT_METRICS = ("acc", "nmi", "ari", "purity", "kappa")
+
+
+class ExperimentError(ValueError):
+    """A malformed experiment file."""
+
+
+@dataclass
+class RunSpec:
+    label: str
+    overrides: dict[str, Any]
+    paper: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Experiment:
+    name: str
+    engine: str
+    seeds: list[int]
+    metrics: list[str]
+    runs: list[RunSpec]
+
+
+def load_experiment(path: Path) -> Experiment:
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ExperimentError(f"cannot read experiment file {path}: {exc}") from exc
+    head = doc.get("experiment", {})
+    defaults = doc.get("defaults", {})
+    if not doc.get("runs"):
+        raise ExperimentError(f"{path}: no [[runs]] entries")
+    runs = []
+    for index, entry in enumerate(doc["runs"]):
+        entry = dict(entry)
+        label = str(entry.pop("label", f"run{index}"))
+        paper = {str(k): float(v) for k, v in dict(entry.pop("paper", {})).items()}
+        runs.append(RunSpec(label, {**defaults, **entry}, paper))
+    return Experiment(
+        name=str(head.get("name", path.stem)),
+        engine=str(head.get("engine", "inprocess")),
+        seeds=[int(s) for s in head.get("seeds", [0])],
+        metrics=[str(m) for m in head.get("metrics", DEFAULT_METRICS)],
+        runs=runs,
+    )
+
+
+def run_experiment(
+    experiment: Experiment,
+    out_root: Path,
+    *,
+    engine: str | None = None,
+    progress: Callable[[str], None] = print,
+) -> dict[str, list[dict[str, Any]]]:
+    """Execute every run x seed; returns label -> list of summaries. Writes table.md and results.json."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for spec in experiment.runs:
+        for seed in experiment.seeds:
+            slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in spec.label)
+            out_dir = out_root / f"{slug}-s{seed}"
+            overrides = build_overrides({**spec.overrides, "seed": seed}, out_dir)
+            summary = execute(overrides, engine or experiment.engine, quiet=True)
+            results.setdefault(spec.label, []).append(summary)
+            shown = "  ".join(f"{m}={100 * summary['metrics'][m]:.2f}" for m in experiment.metrics)
+            progress(
+                f"[{experiment.name}] {spec.label} seed={seed}: {shown}  ({summary['wall_seconds']:.1f} s)"
+            )
+    table = results_table(experiment, results)
+    (out_root / "table.md").write_text(table + "\n")
+    (out_root / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def mean_std(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def results_table(experiment: Experiment, results: Mapping[str, list[dict[str, Any]]]) -> str:
+    """Markdown: one row per run label, metrics in percent (mean ± std over seeds), paper beside ours."""
+    papers = {spec.label: spec.paper for spec in experiment.runs}
+    with_paper = any(papers.values())
+    header = ["run"]
+    for metric in experiment.metrics:
+        header.append(metric.upper())
+        if with_paper:
+            header.append(f"{metric.upper()} (paper)")
+    header += ["comm MB", "wall s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, summaries in results.items():
+        row = [label]
+        for metric in experiment.metrics:
+            row.append(mean_std([100 * s["metrics"][metric] for s in summaries]))
+            if with_paper:
+                paper = papers.get(label, {}).get(metric)
+                row.append(f"{100 * paper:.2f}" if paper is not None else "—")
+        row.append(f"{statistics.fmean(s['comm_bytes']['total_mb'] for s in summaries):.3f}")
+        row.append(f"{statistics.fmean(s['wall_seconds'] for s in summaries):.1f}")
+        lines.append("| " + " | ".join(row) + " |")
+    seeds = ", ".join(str(s) for s in experiment.seeds)
+    lines.append("")
+    lines.append(f"Seeds: {seeds}; metrics in percent, mean ± std over seeds.")
+    return "\n".join(lines)

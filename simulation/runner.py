@@ -1,0 +1,236 @@
+"""Run experiments: one run (`run`), a TOML experiment file (`experiment`), or list datasets/methods.
+
+Engines:
+- `flwr` (default): Flower's Ray simulation through `flwr run`, against a local simulation SuperLink
+  that this runner starts on free loopback ports with a private FLWR_HOME and always stops by PID.
+- `inprocess`: the same strategy/client classes under Flower's legacy `Server` loop without Ray
+  (fedapp/inprocess.py) — for seed sweeps; results are identical in kind.
+Centralized references (method `kmeans`) run directly, without Flower.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.request
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from fedapp.config import PROJECT_ROOT, RunConfig, parse_run_config
+from fedapp.data import resolve_data_dir
+from fedapp.methods import method_spec
+
+ENGINES = ("flwr", "inprocess")
+SUPERLINK_START_TIMEOUT_S = 60
+
+
+class RunError(RuntimeError):
+    """A run did not produce its summary.json."""
+
+
+def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
+    """`key=value` pairs; values parse as TOML (numbers, booleans, quoted strings), else as plain strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects key=value, got '{item}'")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Absolute paths for out-dir and data-dir: Flower's processes run in other working directories."""
+    overrides = dict(base)
+    overrides["out-dir"] = str(out_dir.resolve())
+    data_dir = resolve_data_dir(overrides.get("data-dir") or None)
+    if data_dir is not None:
+        overrides["data-dir"] = str(Path(data_dir).resolve())
+    return overrides
+
+
+def execute(overrides: Mapping[str, Any], engine: str = "flwr", *, quiet: bool = False) -> dict[str, Any]:
+    """Validate, run, and return the parsed summary.json."""
+    import json
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
+    cfg = parse_run_config(overrides)  # fails before any process starts
+    out_dir = Path(cfg.out_dir)
+    summary_path = out_dir / "summary.json"
+    if summary_path.exists():
+        summary_path.unlink()
+    if not method_spec(cfg.method).federated:
+        from fedapp.centralized import run_centralized
+
+        run_centralized(cfg)
+    elif engine == "inprocess":
+        _run_inprocess(cfg, overrides, quiet=quiet)
+    else:
+        _run_flwr(overrides, cfg.num_clients, quiet=quiet)
+    if not summary_path.exists():
+        raise RunError(f"the run wrote no {summary_path}; see the log above")
+    summary = json.loads(summary_path.read_text())
+    if not summary.get("metrics"):
+        raise RunError(f"{summary_path} has no metrics (every client failed?); see the log above")
+    return summary
+
+
+def _run_inprocess(cfg: RunConfig, overrides: Mapping[str, Any], *, quiet: bool) -> None:
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedapp.client_app import client_fn
+    from fedapp.inprocess import run_inprocess
+    from fedapp.server_app import server_fn
+
+    previous = FLOWER_LOGGER.level
+    if quiet:
+        FLOWER_LOGGER.setLevel(logging.WARNING)
+    try:
+        run_inprocess(server_fn, client_fn, overrides, cfg.num_clients)
+    finally:
+        FLOWER_LOGGER.setLevel(previous)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower processes: private home, offline, quiet Ray."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "FLWR_HOME": str(flwr_home),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+            "RAY_TMPDIR": str(flwr_home / "ray"),
+            "RAY_DEDUP_LOGS": "0",
+            "PYTHONUNBUFFERED": "1",
+            "COLUMNS": "200",
+            # Flower's components spawn each other by name (flower-superexec, flwr-simulation)
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        }
+    )
+    (flwr_home / "ray").mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def _bin(name: str) -> str:
+    """A console script from this interpreter's environment (the venv), else from PATH."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else (shutil.which(name) or name)
+
+
+def wait_for_health(port: int, process: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RunError(f"{what} exited with code {process.returncode} during start-up")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RunError(f"{what} did not answer on 127.0.0.1:{port}/health within {timeout:.0f} s")
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM the process group (the process and its superexec children), SIGKILL after `timeout`."""
+    if process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextmanager
+def local_simulation_superlink(flwr_home: Path, env: dict[str, str]):
+    """Start `flower-superlink --simulation` as `flwr run` would, but on free ports and owned by us."""
+    http_port, control_port = _free_port(), _free_port()
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
+    log_path = flwr_home / "superlink.log"
+    command = [
+        _bin("flower-superlink"),
+        "--insecure",
+        "--simulation",
+        "--isolation",
+        "subprocess",
+        "--control-api-address",
+        f"127.0.0.1:{control_port}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--disable-runtime-dependency-installation",
+    ]
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(
+            command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_for_health(http_port, process, SUPERLINK_START_TIMEOUT_S, f"flower-superlink (log: {log_path})")
+        yield process
+    finally:
+        stop_process(process)
+
+
+def _run_flwr(overrides: Mapping[str, Any], num_clients: int, *, quiet: bool) -> None:
+    flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
+    try:
+        env = flower_env(flwr_home)
+        run_config = flwr_home / "run-config.toml"
+        run_config.write_text(tomli_w.dumps(dict(overrides)))
+        federation = f"num-supernodes={num_clients} client-resources-num-cpus=1"
+        with local_simulation_superlink(flwr_home, env):
+            command = [
+                _bin("flwr"),
+                "run",
+                str(PROJECT_ROOT),
+                "--stream",
+                "--federation-config",
+                federation,
+                "--run-config",
+                str(run_config),
+            ]
+            result = subprocess.run(
+                command,
+                env=env,
+                cwd=PROJECT_ROOT,
+                text=True,
+                stdout=subprocess.PIPE if quiet else None,
+                stderr=subprocess.STDOUT,
+            )
+        if result.returncode != 0:
+            tail = (result.stdout or "")[-3000:] if quiet else ""
+            raise RunError(f"flwr run exited with code {result.returncode}\n{tail}")
+    finally:
+        shutil.rmtree(flwr_home, ignore_errors=True)

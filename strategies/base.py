@@ -1,0 +1,334 @@
+"""Shared server glue for every clustering strategy.
+
+A subclass supplies the method's maths through three hooks — `fit_instructions` (what each client is
+sent), `reply_spec` (what a valid reply looks like) and `aggregate` (the server update) — and this class
+does the rest: waiting for clients, rejecting malformed or non-finite replies without losing the others,
+the communication ledger, evaluation from summed contingency tables, and the run's output files.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from fedapp.config import RunConfig
+from fedapp.ledger import CommLedger, mapping_nbytes, parameters_nbytes
+from fedapp.metrics import clustering_metrics, decode_table
+from fedapp.results import default_out_dir, write_run_outputs
+
+CLIENT_WAIT_S = 300
+
+
+class ReplyError(ValueError):
+    """A client reply that does not match what the protocol expects (rejected, never aggregated)."""
+
+
+class FederationError(RuntimeError):
+    """The federation cannot proceed (e.g. too few clients connected)."""
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Expected array in a reply: `shape` entries of None match any length; `kind` is a numpy dtype kind."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    kind: str = "f"  # "f" float, "i" integer (signed or unsigned)
+
+
+@dataclass
+class ClientReply:
+    """A validated fit reply."""
+
+    cid: str
+    partition_id: int
+    arrays: list[np.ndarray]
+    num_examples: int
+    metrics: dict[str, Scalar] = field(default_factory=dict)
+
+
+def check_arrays(arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> None:
+    """Raise ReplyError unless `arrays` match `specs` in count, rank, shape, dtype kind and finiteness."""
+    if len(arrays) != len(specs):
+        raise ReplyError(f"expected {len(specs)} arrays ({[s.name for s in specs]}), got {len(arrays)}")
+    for array, spec in zip(arrays, specs, strict=True):
+        if array.ndim != len(spec.shape) or any(
+            want is not None and got != want for got, want in zip(array.shape, spec.shape, strict=True)
+        ):
+            raise ReplyError(f"'{spec.name}' has shape {array.shape}, expected {spec.shape}")
+        kinds = "iu" if spec.kind == "i" else spec.kind
+        if array.dtype.kind not in kinds:
+            raise ReplyError(f"'{spec.name}' has dtype {array.dtype}, expected kind '{spec.kind}'")
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise ReplyError(f"'{spec.name}' contains NaN or infinite values")
+
+
+def consistent_replies(replies: list[ClientReply], server_round: int, axis: int = 1) -> list[ClientReply]:
+    """Keep replies whose first array has the most common size along `axis` (the feature dimension).
+
+    Used where the server cannot know the dimension in advance (a first round): one client with a wrong
+    shape is rejected instead of breaking the concatenation of everyone's arrays.
+    """
+    sizes = [reply.arrays[0].shape[axis] for reply in replies]
+    values, counts = np.unique(sizes, return_counts=True)
+    modal = values[counts.argmax()]
+    kept = [reply for reply, size in zip(replies, sizes, strict=True) if size == modal]
+    for reply, size in zip(replies, sizes, strict=True):
+        if size != modal:
+            log(
+                WARNING,
+                "round %d: rejected reply from client %s: dimension %d, others %d",
+                server_round,
+                reply.cid,
+                size,
+                modal,
+            )
+    return kept
+
+
+class ClusteringStrategy(Strategy):
+    """Base class: see the module docstring. Subclasses implement `reply_spec` and `aggregate`."""
+
+    method = "base"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.k: int | None = cfg.k or None  # None: clients resolve k = number of classes and report it
+        self.ledger = CommLedger()
+        self.history: list[dict[str, Any]] = []
+        self.out_dir = (
+            Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.method, cfg.dataset, cfg.seed)
+        )
+        self.finished = False  # set by a subclass when its algorithm has converged or is one-shot
+        self.stop_reason = ""
+        self.final_metrics: dict[str, float] | None = None
+        self.rounds_run = 0
+        self._final_evaluated = False
+        self._started = time.perf_counter()
+
+    # ----------------------------------------------------------------------------------------- hooks
+    def fit_config(self, server_round: int) -> dict[str, Scalar]:
+        """Config sent with every FitIns; subclasses add their phase keys."""
+        config: dict[str, Scalar] = {"server-round": server_round}
+        if self.k is not None:
+            config["k"] = self.k
+        return config
+
+    def fit_instructions(
+        self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Default: the same FitIns for every client (override for per-client content)."""
+        ins = FitIns(parameters, self.fit_config(server_round))
+        return [(client, ins) for client in clients]
+
+    def reply_spec(self, server_round: int) -> list[ArraySpec]:
+        raise NotImplementedError
+
+    def check_reply(self, server_round: int, reply: ClientReply) -> None:
+        """Method-specific consistency checks beyond `reply_spec`; raise ReplyError to reject."""
+
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
+        raise NotImplementedError
+
+    def evaluation_parameters(self, parameters: Parameters) -> Parameters:
+        """What clients need to label their data (default: the current global parameters)."""
+        return parameters
+
+    def extra_summary(self) -> dict[str, Any]:
+        """Method-specific fields for summary.json."""
+        return {}
+
+    # ------------------------------------------------------------------------------ Strategy API
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        # An empty model: clients must not be asked for initial parameters (the server owns the init).
+        return ndarrays_to_parameters([])
+
+    def _clients(self, client_manager: ClientManager) -> list[ClientProxy]:
+        wanted = self.cfg.num_clients
+        if not client_manager.wait_for(wanted, timeout=CLIENT_WAIT_S):
+            raise FederationError(
+                f"run-config num-clients={wanted} but only {client_manager.num_available()} client(s) "
+                f"connected after {CLIENT_WAIT_S} s: start the simulation with num-supernodes={wanted} "
+                f"or start {wanted} SuperNodes"
+            )
+        clients = sorted(client_manager.all().values(), key=lambda proxy: proxy.cid)
+        if len(clients) != wanted:
+            log(WARNING, "%d clients connected but num-clients=%d; using all of them", len(clients), wanted)
+        return clients
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        if self.finished:
+            return []
+        instructions = self.fit_instructions(server_round, parameters, self._clients(client_manager))
+        for client, ins in instructions:
+            down = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)
+            self.ledger.record(server_round, client.cid, "fit", down=down)
+        return instructions
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self.rounds_run = server_round
+        for failure in failures:
+            log(WARNING, "round %d: client failure: %s", server_round, _describe_failure(failure))
+        replies, rejected = [], 0
+        for client, res in results:
+            up = parameters_nbytes(res.parameters) + mapping_nbytes(res.metrics)
+            self.ledger.record(server_round, client.cid, "fit", up=up)
+            try:
+                replies.append(self._validated(server_round, client, res))
+            except ReplyError as exc:
+                rejected += 1
+                log(WARNING, "round %d: rejected reply from client %s: %s", server_round, client.cid, exc)
+        replies.sort(key=lambda reply: (reply.partition_id, reply.cid))  # arrival order is not deterministic
+        stats: dict[str, Scalar] = {"accepted": len(replies), "rejected": rejected, "failures": len(failures)}
+        if not replies:
+            log(WARNING, "round %d: no valid client reply; the global model is unchanged", server_round)
+            return None, stats
+        return self.aggregate(server_round, replies), stats
+
+    def _validated(self, server_round: int, client: ClientProxy, res: FitRes) -> ClientReply:
+        try:
+            arrays = parameters_to_ndarrays(res.parameters)
+        except Exception as exc:  # malformed bytes from a client must not crash the server
+            raise ReplyError(f"undecodable parameters: {exc}") from exc
+        check_arrays(arrays, self.reply_spec(server_round))
+        partition_id = res.metrics.get("partition-id")
+        if not isinstance(partition_id, int):
+            raise ReplyError("metrics lack an integer 'partition-id'")
+        reported_k = res.metrics.get("k")
+        if self.k is None and isinstance(reported_k, int) and reported_k > 0:
+            self.k = reported_k
+        elif isinstance(reported_k, int) and reported_k != self.k:
+            raise ReplyError(f"client uses k={reported_k}, the federation uses k={self.k}")
+        reply = ClientReply(client.cid, partition_id, arrays, int(res.num_examples), dict(res.metrics))
+        self.check_reply(server_round, reply)
+        return reply
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if self._final_evaluated or not parameters.tensors:
+            return []
+        ins = EvaluateIns(self.evaluation_parameters(parameters), {"server-round": server_round})
+        instructions = [(client, ins) for client in self._clients(client_manager)]
+        for client, _ in instructions:
+            self.ledger.record(server_round, client.cid, "evaluate", down=parameters_nbytes(ins.parameters))
+        return instructions
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        for failure in failures:
+            log(WARNING, "round %d: evaluation failure: %s", server_round, _describe_failure(failure))
+        total: np.ndarray | None = None
+        for client, res in sorted(results, key=lambda item: item[0].cid):
+            self.ledger.record(server_round, client.cid, "evaluate", up=mapping_nbytes(res.metrics))
+            try:
+                table = _table_from(res)
+            except ValueError as exc:
+                log(WARNING, "round %d: rejected table from client %s: %s", server_round, client.cid, exc)
+                continue
+            if total is not None and table.shape != total.shape:
+                log(
+                    WARNING,
+                    "round %d: table shape %s from %s != %s",
+                    server_round,
+                    table.shape,
+                    client.cid,
+                    total.shape,
+                )
+                continue
+            total = table if total is None else total + table
+        if total is None:
+            log(WARNING, "round %d: no valid evaluation reply", server_round)
+            return None, {}
+        metrics = clustering_metrics(total)
+        self.final_metrics = metrics
+        self.history.append(
+            {
+                "round": server_round,
+                "metrics": metrics,
+                "evaluated": int(total.sum()),
+                "elapsed_s": time.perf_counter() - self._started,
+            }
+        )
+        log(
+            INFO,
+            "round %d: %s",
+            server_round,
+            "  ".join(f"{key}={100 * value:.2f}" for key, value in metrics.items()),
+        )
+        if self.finished:
+            self._final_evaluated = True
+        self.write_outputs()
+        return None, dict(metrics)
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        return None  # no server-side data: evaluation is federated (contingency tables)
+
+    # ---------------------------------------------------------------------------------- outputs
+    def summary(self) -> dict[str, Any]:
+        return {
+            "method": self.cfg.method,
+            "dataset": self.cfg.dataset,
+            "num_clients": self.cfg.num_clients,
+            "rounds": self.rounds_run,
+            "seed": self.cfg.seed,
+            "k": self.k,
+            "metrics": self.final_metrics or {},
+            "comm_bytes": self.ledger.summary(),
+            "wall_seconds": time.perf_counter() - self._started,
+            "stop_reason": self.stop_reason or ("finished" if self.finished else "max rounds"),
+            "config": self.cfg.to_dict(),
+            **self.extra_summary(),
+        }
+
+    def write_outputs(self) -> None:
+        write_run_outputs(self.out_dir, self.summary(), self.history)
+
+
+def _table_from(res: EvaluateRes) -> np.ndarray:
+    blob = res.metrics.get("table")
+    if not isinstance(blob, bytes):
+        raise ValueError("metrics lack a 'table' (bytes)")
+    table = decode_table(blob)
+    if table.ndim != 2 or (table < 0).any():
+        raise ValueError(f"invalid contingency table of shape {table.shape}")
+    return table
+
+
+def _describe_failure(failure: tuple[ClientProxy, FitRes | EvaluateRes] | BaseException) -> str:
+    if isinstance(failure, BaseException):
+        return f"{type(failure).__name__}: {failure}"
+    client, res = failure
+    return f"client {client.cid}: {res.status.code.name} {res.status.message}"
