@@ -25,7 +25,7 @@ def node_identity(context: Context, cfg: RunConfig) -> tuple[int, int]:
             f"node config lacks {exc}; start SuperNodes with --node-config "
             '"partition-id=<i> num-partitions=<N>"'
         ) from None
-    if num_partitions != cfg.num_clients:
+    if cfg.num_clients and num_partitions != cfg.num_clients:
         raise ClientConfigError(
             f"node config num-partitions={num_partitions} but run-config num-clients={cfg.num_clients}"
         )

@@ -135,7 +135,10 @@ def _validate(cfg: RunConfig) -> None:
     if not cfg.dataset:
         raise ConfigError("run-config 'dataset' is empty")
     checks: list[tuple[bool, str]] = [
-        (cfg.num_clients >= 1, f"'num-clients' must be >= 1, got {cfg.num_clients}"),
+        (
+            cfg.num_clients >= 0,
+            f"'num-clients' must be >= 0 (0 = every connected SuperNode), got {cfg.num_clients}",
+        ),
         (cfg.num_rounds >= 1, f"'num-rounds' must be >= 1, got {cfg.num_rounds}"),
         (cfg.seed >= 0, f"'seed' must be >= 0, got {cfg.seed}"),
         (cfg.partition in PARTITIONS, f"unknown partition '{cfg.partition}'; choose one of {PARTITIONS}"),

@@ -10,16 +10,10 @@ Centralized references (method `kmeans`) run directly, without Flower.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 import tomllib
-import urllib.request
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,12 +24,21 @@ import tomli_w
 from fedapp.config import PROJECT_ROOT, RunConfig, parse_run_config
 from fedapp.data import resolve_data_dir
 from fedapp.methods import method_spec
+from simulation.processes import (
+    ProcessError,
+    console_script,
+    flower_env,
+    free_port,
+    stop_process,
+    wait_for_health,
+)
 
 ENGINES = ("flwr", "inprocess")
 SUPERLINK_START_TIMEOUT_S = 60
+DEFAULT_CLIENTS = 10
 
 
-class RunError(RuntimeError):
+class RunError(ProcessError):
     """A run did not produce its summary.json."""
 
 
@@ -56,6 +59,7 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
 def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     """Absolute paths for out-dir and data-dir: Flower's processes run in other working directories."""
     overrides = dict(base)
+    overrides["num-clients"] = int(overrides.get("num-clients") or DEFAULT_CLIENTS)  # runner: fixed size
     overrides["out-dir"] = str(out_dir.resolve())
     data_dir = resolve_data_dir(overrides.get("data-dir") or None)
     if data_dir is not None:
@@ -108,78 +112,15 @@ def _run_inprocess(cfg: RunConfig, overrides: Mapping[str, Any], *, quiet: bool)
         FLOWER_LOGGER.setLevel(previous)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def flower_env(flwr_home: Path) -> dict[str, str]:
-    """Environment for Flower processes: private home, offline, quiet Ray."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "FLWR_HOME": str(flwr_home),
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-            "RAY_TMPDIR": str(flwr_home / "ray"),
-            "RAY_DEDUP_LOGS": "0",
-            "PYTHONUNBUFFERED": "1",
-            "COLUMNS": "200",
-            # Flower's components spawn each other by name (flower-superexec, flwr-simulation)
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-        }
-    )
-    (flwr_home / "ray").mkdir(parents=True, exist_ok=True)
-    return env
-
-
-def _bin(name: str) -> str:
-    """A console script from this interpreter's environment (the venv), else from PATH."""
-    candidate = Path(sys.executable).parent / name
-    return str(candidate) if candidate.exists() else (shutil.which(name) or name)
-
-
-def wait_for_health(port: int, process: subprocess.Popen, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RunError(f"{what} exited with code {process.returncode} during start-up")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RunError(f"{what} did not answer on 127.0.0.1:{port}/health within {timeout:.0f} s")
-
-
-def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group (the process and its superexec children), SIGKILL after `timeout`."""
-    if process.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @contextmanager
 def local_simulation_superlink(flwr_home: Path, env: dict[str, str]):
     """Start `flower-superlink --simulation` as `flwr run` would, but on free ports and owned by us."""
-    http_port, control_port = _free_port(), _free_port()
+    http_port, control_port = free_port(), free_port()
     env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(http_port)
     env["FLWR_LOCAL_CONTROL_API_PORT"] = str(control_port)
     log_path = flwr_home / "superlink.log"
     command = [
-        _bin("flower-superlink"),
+        console_script("flower-superlink"),
         "--insecure",
         "--simulation",
         "--isolation",
@@ -212,7 +153,7 @@ def _run_flwr(overrides: Mapping[str, Any], num_clients: int, *, quiet: bool) ->
         federation = f"num-supernodes={num_clients} client-resources-num-cpus=1"
         with local_simulation_superlink(flwr_home, env):
             command = [
-                _bin("flwr"),
+                console_script("flwr"),
                 "run",
                 str(PROJECT_ROOT),
                 "--stream",

@@ -124,6 +124,7 @@ class ClusteringStrategy(Strategy):
         self.stop_reason = ""
         self.final_metrics: dict[str, float] | None = None
         self.rounds_run = 0
+        self.clients_seen = 0
         self._final_evaluated = False
         self._started = time.perf_counter()
 
@@ -165,7 +166,7 @@ class ClusteringStrategy(Strategy):
         return ndarrays_to_parameters([])
 
     def _clients(self, client_manager: ClientManager) -> list[ClientProxy]:
-        wanted = self.cfg.num_clients
+        wanted = self.cfg.num_clients or 1  # 0: every SuperNode connected when the round starts
         if not client_manager.wait_for(wanted, timeout=CLIENT_WAIT_S):
             raise FederationError(
                 f"run-config num-clients={wanted} but only {client_manager.num_available()} client(s) "
@@ -173,7 +174,8 @@ class ClusteringStrategy(Strategy):
                 f"or start {wanted} SuperNodes"
             )
         clients = sorted(client_manager.all().values(), key=lambda proxy: proxy.cid)
-        if len(clients) != wanted:
+        self.clients_seen = max(self.clients_seen, len(clients))
+        if self.cfg.num_clients and len(clients) != wanted:
             log(WARNING, "%d clients connected but num-clients=%d; using all of them", len(clients), wanted)
         return clients
 
@@ -301,7 +303,7 @@ class ClusteringStrategy(Strategy):
         return {
             "method": self.cfg.method,
             "dataset": self.cfg.dataset,
-            "num_clients": self.cfg.num_clients,
+            "num_clients": self.cfg.num_clients or self.clients_seen,
             "rounds": self.rounds_run,
             "seed": self.cfg.seed,
             "k": self.k,

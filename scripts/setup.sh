@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create or update the virtual environment at .venv/ and install fedapp with its dependencies.
+# Idempotent: a second run only checks what is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $PYTHON"
+  "$PYTHON" -m venv .venv
+fi
+# torch first and pinned: flwr's and sentence-transformers' requirements would otherwise pull a newer build.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+echo "[setup] ready: $(.venv/bin/python -c 'import flwr, torch, sklearn; print(f"flwr {flwr.__version__}, torch {torch.__version__}, scikit-learn {sklearn.__version__}")')"

@@ -1,0 +1,84 @@
+"""Starting and stopping Flower's processes (SuperLink, SuperNodes) owned by this project's scripts.
+
+Every process is started in its own session so that stopping it by PID also stops the children it
+spawned (flower-superexec, flwr-serverapp/-clientapp, flwr-simulation).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+class ProcessError(RuntimeError):
+    """A Flower process failed to start or answer."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower processes: private home, offline, quiet Ray."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "FLWR_HOME": str(flwr_home),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+            "RAY_TMPDIR": str(flwr_home / "ray"),
+            "RAY_DEDUP_LOGS": "0",
+            "PYTHONUNBUFFERED": "1",
+            "COLUMNS": "200",
+            # Flower's components spawn each other by name (flower-superexec, flwr-simulation)
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        }
+    )
+    (flwr_home / "ray").mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def console_script(name: str) -> str:
+    """A console script from this interpreter's environment (the venv), else from PATH."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else (shutil.which(name) or name)
+
+
+def wait_for_health(port: int, process: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ProcessError(f"{what} exited with code {process.returncode} during start-up")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise ProcessError(f"{what} did not answer on 127.0.0.1:{port}/health within {timeout:.0f} s")
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM the process group (the process and its superexec children), SIGKILL after `timeout`."""
+    if process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
