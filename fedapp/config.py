@@ -7,6 +7,7 @@ before round 1, on the server (`server_fn`) and in the runner, so a typo fails f
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -110,7 +111,7 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"run-config '{key}' must be a number, got {value!r}")
     if kind is int:
-        if float(value) != int(value):
+        if not math.isfinite(value) or float(value) != int(value):
             raise ConfigError(f"run-config '{key}' must be an integer, got {value!r}")
         return int(value)
     return float(value)
@@ -158,6 +159,10 @@ def _validate(cfg: RunConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    for key, (attr, kind) in _KEYS.items():
+        value = getattr(cfg, attr)
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"run-config '{key}' must be a finite number, got {value!r}")
     spec = method_spec(cfg.method)
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"

@@ -146,6 +146,10 @@ class ClusteringStrategy(Strategy):
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
         raise NotImplementedError
 
+    def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+        """Cross-reply consistency (e.g. one feature dimension); default: keep all. Dropped = rejected."""
+        return replies
+
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
         """Method-specific consistency checks beyond `reply_spec`; raise ReplyError to reject."""
 
@@ -199,6 +203,8 @@ class ClusteringStrategy(Strategy):
         self.rounds_run = server_round
         for failure in failures:
             log(WARNING, "round %d: client failure: %s", server_round, _describe_failure(failure))
+        if self.k is None:
+            self.k = _consensus_k(results)
         replies, rejected = [], 0
         for client, res in results:
             up = parameters_nbytes(res.parameters) + mapping_nbytes(res.metrics)
@@ -209,11 +215,28 @@ class ClusteringStrategy(Strategy):
                 rejected += 1
                 log(WARNING, "round %d: rejected reply from client %s: %s", server_round, client.cid, exc)
         replies.sort(key=lambda reply: (reply.partition_id, reply.cid))  # arrival order is not deterministic
-        stats: dict[str, Scalar] = {"accepted": len(replies), "rejected": rejected, "failures": len(failures)}
-        if not replies:
+        consistent = self.consistent(server_round, replies) if replies else []
+        rejected += len(replies) - len(consistent)
+        stats: dict[str, Scalar] = {
+            "accepted": len(consistent),
+            "rejected": rejected,
+            "failures": len(failures),
+        }
+        if not consistent:
             log(WARNING, "round %d: no valid client reply; the global model is unchanged", server_round)
             return None, stats
-        return self.aggregate(server_round, replies), stats
+        try:
+            return self.aggregate(server_round, consistent), stats
+        except (
+            ValueError
+        ) as exc:  # e.g. too few valid replies left for k clusters: skip the round, keep the run
+            log(
+                WARNING,
+                "round %d: aggregation skipped (%s); the global model is unchanged",
+                server_round,
+                exc,
+            )
+            return None, {**stats, "accepted": 0}
 
     def _validated(self, server_round: int, client: ClientProxy, res: FitRes) -> ClientReply:
         try:
@@ -225,10 +248,10 @@ class ClusteringStrategy(Strategy):
         if not isinstance(partition_id, int):
             raise ReplyError("metrics lack an integer 'partition-id'")
         reported_k = res.metrics.get("k")
-        if self.k is None and isinstance(reported_k, int) and reported_k > 0:
-            self.k = reported_k
-        elif isinstance(reported_k, int) and reported_k != self.k:
-            raise ReplyError(f"client uses k={reported_k}, the federation uses k={self.k}")
+        if self.k is None:
+            raise ReplyError("the number of clusters is unknown: run-config k=0 and no client reported 'k'")
+        if reported_k is not None and reported_k != self.k:
+            raise ReplyError(f"client uses k={reported_k!r}, the federation uses k={self.k}")
         reply = ClientReply(client.cid, partition_id, arrays, int(res.num_examples), dict(res.metrics))
         self.check_reply(server_round, reply)
         return reply
@@ -241,7 +264,8 @@ class ClusteringStrategy(Strategy):
         ins = EvaluateIns(self.evaluation_parameters(parameters), {"server-round": server_round})
         instructions = [(client, ins) for client in self._clients(client_manager)]
         for client, _ in instructions:
-            self.ledger.record(server_round, client.cid, "evaluate", down=parameters_nbytes(ins.parameters))
+            down = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)
+            self.ledger.record(server_round, client.cid, "evaluate", down=down)
         return instructions
 
     def aggregate_evaluate(
@@ -252,25 +276,28 @@ class ClusteringStrategy(Strategy):
     ) -> tuple[float | None, dict[str, Scalar]]:
         for failure in failures:
             log(WARNING, "round %d: evaluation failure: %s", server_round, _describe_failure(failure))
-        total: np.ndarray | None = None
+        tables: list[tuple[str, np.ndarray]] = []
         for client, res in sorted(results, key=lambda item: item[0].cid):
             self.ledger.record(server_round, client.cid, "evaluate", up=mapping_nbytes(res.metrics))
             try:
-                table = _table_from(res)
+                tables.append((client.cid, _table_from(res)))
             except ValueError as exc:
                 log(WARNING, "round %d: rejected table from client %s: %s", server_round, client.cid, exc)
-                continue
-            if total is not None and table.shape != total.shape:
-                log(
-                    WARNING,
-                    "round %d: table shape %s from %s != %s",
-                    server_round,
-                    table.shape,
-                    client.cid,
-                    total.shape,
-                )
-                continue
-            total = table if total is None else total + table
+        total: np.ndarray | None = None
+        if tables:
+            shape = _modal([table.shape for _, table in tables])  # one odd client cannot set the shape
+            for cid, table in tables:
+                if table.shape != shape:
+                    log(
+                        WARNING,
+                        "round %d: table shape %s from %s != %s",
+                        server_round,
+                        table.shape,
+                        cid,
+                        shape,
+                    )
+                    continue
+                total = table if total is None else total + table
         if total is None:
             log(WARNING, "round %d: no valid evaluation reply", server_round)
             return None, {}
@@ -317,6 +344,21 @@ class ClusteringStrategy(Strategy):
 
     def write_outputs(self) -> None:
         write_run_outputs(self.out_dir, self.summary(), self.history)
+
+
+def _modal(values: list[Any]) -> Any:
+    """Most common value; ties go to the smallest, so the result never depends on arrival order."""
+    counts: dict[Any, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return min(counts, key=lambda value: (-counts[value], value))
+
+
+def _consensus_k(results: list[tuple[ClientProxy, FitRes]]) -> int | None:
+    """k = number of classes as most clients report it (run-config k = 0); None if nobody reports one."""
+    reported = [res.metrics.get("k") for _, res in results]
+    valid = [k for k in reported if isinstance(k, int) and not isinstance(k, bool) and k > 0]
+    return _modal(valid) if valid else None
 
 
 def _table_from(res: EvaluateRes) -> np.ndarray:

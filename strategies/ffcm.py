@@ -64,6 +64,10 @@ class FFCMStrategy(ClusteringStrategy):
         k, dim = self.centres.shape
         return [ArraySpec("sums", (k, dim)), ArraySpec("mass", (k,))]
 
+    def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+        # local centres: the feature dimension is not known before the first replies
+        return consistent_replies(replies, server_round) if self.centres is None else replies
+
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
         centres_or_sums, mass = reply.arrays
         if mass.shape[0] != centres_or_sums.shape[0] or (mass < 0).any():
@@ -71,7 +75,6 @@ class FFCMStrategy(ClusteringStrategy):
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
         if self.centres is None:
-            replies = consistent_replies(replies, server_round)
             if self.k is None:
                 raise ValueError("k unknown: no client reported it")
             self.centres = merge_weighted_centres(

@@ -31,13 +31,16 @@ class KFedStrategy(ClusteringStrategy):
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
         return [ArraySpec("centres", (None, None)), ArraySpec("counts", (None,), "i")]
 
+    def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+        # local centres: the feature dimension is not known before the first replies
+        return consistent_replies(replies, server_round)
+
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
         centres, counts = reply.arrays
         if counts.shape[0] != centres.shape[0] or (counts < 0).any():
             raise ReplyError(f"{centres.shape[0]} centres but counts of shape {counts.shape}")
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
-        replies = consistent_replies(replies, server_round)
         if self.k is None:
             raise ValueError("k unknown: no client reported it")
         centres = merge_local_centres([reply.arrays[0] for reply in replies], self.k, self.cfg.seed)

@@ -46,9 +46,24 @@ def test_flwr_simulation_runs_ffcm_rounds_and_writes_summary(tmp_path: Path) -> 
 def test_loopback_deployment_kfed_three_supernodes(tmp_path: Path) -> None:
     out = tmp_path / "deploy"
     result = subprocess.run(
-        [sys.executable, "deploy/run_local.py", "--method", "kfed", "--dataset", "digits", "--clients", "3",
-         "--rounds", "2", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=400,
+        [
+            sys.executable,
+            "deploy/run_local.py",
+            "--method",
+            "kfed",
+            "--dataset",
+            "digits",
+            "--clients",
+            "3",
+            "--rounds",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

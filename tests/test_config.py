@@ -1,0 +1,165 @@
+"""A bad run config fails before round 1 with a message that names the problem."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flwr.common import Context, RecordDict
+
+from fedapp.config import ConfigError, default_run_config, parse_run_config
+from fedapp.methods import METHODS
+from fedapp.server_app import server_fn
+from simulation.runner import parse_set_options
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+# (overrides, a fragment the error message must contain)
+BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown-method": ({"method": "kmeanz"}, "unknown method 'kmeanz'"),
+    "unknown-dataset": ({"dataset": "no-such-data"}, "unknown dataset 'no-such-data'"),
+    "empty-dataset": ({"dataset": ""}, "'dataset' is empty"),
+    "unknown-key": ({"num-client": 4}, "unknown run-config key(s) ['num-client']"),
+    # num-clients = 0 means "every connected SuperNode", so only negative counts are invalid
+    "negative-clients": ({"num-clients": -3}, "'num-clients' must be >="),
+    "zero-rounds": ({"num-rounds": 0}, "'num-rounds' must be >= 1, got 0"),
+    "negative-rounds": ({"num-rounds": -1}, "'num-rounds' must be >= 1, got -1"),
+    "string-for-int": ({"num-clients": "10"}, "'num-clients' must be a number, got '10'"),
+    "bool-for-int": ({"num-rounds": True}, "'num-rounds' must be a number, got True"),
+    "bool-for-float": ({"p": False}, "'p' must be a number, got False"),
+    "fraction-for-int": ({"seed": 1.5}, "'seed' must be an integer, got 1.5"),
+    "int-for-string": ({"method": 3}, "'method' must be a string, got 3"),
+    "p-above-one": ({"p": 1.5, "partition": "p-hetero"}, "'p' must be in [0, 1], got 1.5"),
+    "p-below-zero": ({"p": -0.1}, "'p' must be in [0, 1], got -0.1"),
+    "p-nan": ({"p": float("nan")}, "'p' must be in [0, 1]"),
+    "unknown-scaling": ({"scaling": "robust"}, "unknown scaling 'robust'"),
+    "unknown-partition": ({"partition": "shards"}, "unknown partition 'shards'"),
+    "fuzziness-one": ({"fuzziness": 1.0}, "'fuzziness' must be > 1"),
+    "negative-seed": ({"seed": -1}, "'seed' must be >= 0"),
+    "horizontal-method-vertical-partition": (
+        {"method": "kfed", "partition": "vertical"},
+        "method 'kfed' needs a horizontal partition",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_run_config_raises_config_error(case: str) -> None:
+    overrides, message = BAD_CONFIGS[case]
+    with pytest.raises(ConfigError) as excinfo:
+        parse_run_config(overrides)
+    assert message in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "value", [pytest.param(float("inf"), id="inf"), pytest.param(float("nan"), id="nan")]
+)
+def test_non_finite_value_for_an_integer_key_is_a_config_error(value: float) -> None:
+    with pytest.raises(ConfigError, match="'num-rounds' must be an integer"):
+        parse_run_config({"num-rounds": value})
+
+
+def test_defaults_are_valid_and_integral_floats_are_accepted() -> None:
+    cfg = parse_run_config({"num-clients": 4.0, "p": 1})
+    assert (cfg.num_clients, cfg.p) == (4, 1.0)
+    assert isinstance(cfg.num_clients, int) and isinstance(cfg.p, float)
+    assert parse_run_config().to_dict().keys() >= default_run_config().keys()
+
+
+def test_vertical_method_with_horizontal_partition() -> None:
+    vertical = sorted(name for name, spec in METHODS.items() if spec.vertical)
+    if not vertical:
+        pytest.skip("no vertical method is registered yet")
+    with pytest.raises(ConfigError, match="needs partition='vertical'"):
+        parse_run_config({"method": vertical[0], "partition": "iid"})
+
+
+def _server_context(run_config: dict[str, Any]) -> Context:
+    return Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_server_fn_rejects_a_bad_config_before_round_one(case: str) -> None:
+    overrides, message = BAD_CONFIGS[case]
+    with pytest.raises(ConfigError) as excinfo:
+        server_fn(_server_context(overrides))
+    assert message in str(excinfo.value)
+
+
+def test_server_fn_refuses_the_centralized_method(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="method 'kmeans' is the centralized reference"):
+        server_fn(_server_context({"method": "kmeans", "out-dir": str(tmp_path)}))
+
+
+def test_server_fn_builds_the_strategy_for_a_good_config(tmp_path: Path) -> None:
+    components = server_fn(_server_context({"method": "ffcm", "num-rounds": 7, "out-dir": str(tmp_path)}))
+    assert type(components.strategy).__name__ == "FFCMStrategy"
+    assert components.config.num_rounds == 7
+    assert components.strategy.out_dir == tmp_path
+
+
+def test_cli_rejects_an_unknown_method_without_starting_flower(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "simulation", "run", "--method", "nope", "--dataset", "digits"]
+        + ["--clients", "2", "--out", str(tmp_path / "out")],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2
+    assert "error: unknown method 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert elapsed < 10, f"took {elapsed:.1f} s: something started before validation"
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_rejects_a_bad_set_option(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "simulation", "run", "--method", "kfed", "--dataset", "digits"]
+        + ["--set", "p=2", "--out", str(tmp_path / "out")],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "error: 'p' must be in [0, 1], got 2.0" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("item", "expected"),
+    [
+        ("num-clients=10", 10),
+        ("p=0.25", 0.25),
+        ("delta=1e-3", 1e-3),
+        ("verbose=true", True),
+        ("verbose=false", False),
+        ("dataset=digits", "digits"),  # bare string
+        ('dataset="digits"', "digits"),  # quoted TOML string
+        ("ratio=6:4", "6:4"),  # not TOML: kept as text
+        ("dataset=mat:/data/x.mat", "mat:/data/x.mat"),
+        (" seed = 3 ", 3),  # whitespace around key and value
+        ("data-dir=", ""),
+    ],
+)
+def test_parse_set_options_values(item: str, expected: Any) -> None:
+    key = item.partition("=")[0].strip()
+    parsed = parse_set_options([item])
+    assert parsed == {key: expected}
+    assert type(parsed[key]) is type(expected)
+
+
+def test_parse_set_options_later_items_win() -> None:
+    assert parse_set_options(["seed=1", "k=3", "seed=2"]) == {"seed": 2, "k": 3}
+    assert parse_set_options([]) == {}
+
+
+@pytest.mark.parametrize("item", ["novalue", "=5", "  =x", ""])
+def test_parse_set_options_rejects_malformed_items(item: str) -> None:
+    with pytest.raises(ValueError, match="--set expects key=value"):
+        parse_set_options([item])

@@ -1,0 +1,244 @@
+"""k-FED and FFCM: client maths on arrays, then whole federations on `digits` (in-process engine)."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.common import Context, RecordDict
+
+from clients.ffcm import FFCMClient, fcm_memberships, membership_sums
+from clients.kfed import local_centres
+from fedapp.client_app import client_fn
+from fedapp.clustering import nearest_centre
+from fedapp.config import parse_run_config
+from fedapp.inprocess import run_inprocess
+from fedapp.local_data import load_run_dataset
+from fedapp.server_app import server_fn
+from simulation.experiments import load_experiment, run_experiment
+from simulation.runner import build_overrides, execute
+from strategies.ffcm import centres_from_sums
+
+NMI_TOLERANCE = 0.05  # acceptance: federated NMI within this of centralized k-means on the same data
+
+
+def _blobs(n_per_blob: int = 40, seed: int = 0) -> np.ndarray:
+    """Three well-separated 2-D blobs."""
+    rng = np.random.default_rng(seed)
+    means = np.array([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0]])
+    return np.concatenate([mean + rng.normal(size=(n_per_blob, 2)) for mean in means])
+
+
+def _naive_memberships(X: np.ndarray, centres: np.ndarray, m: float) -> np.ndarray:
+    """Bezdek's textbook formula, loop by loop: u_ij = 1 / sum_l (d_ij / d_il)^(2/(m-1))."""
+    U = np.empty((X.shape[0], centres.shape[0]))
+    for i, x in enumerate(X):
+        dist = [np.linalg.norm(x - c) for c in centres]
+        for j in range(centres.shape[0]):
+            U[i, j] = 1.0 / sum(
+                (dist[j] / dist[other]) ** (2.0 / (m - 1.0)) for other in range(centres.shape[0])
+            )
+    return U
+
+
+def _run(tmp_path: Path, name: str, **overrides: Any) -> dict[str, Any]:
+    """One in-process run on digits (10 clients, IID unless overridden); returns its summary."""
+    base = {"dataset": "digits", "num-clients": 10, "seed": 0, **overrides}
+    return execute(build_overrides(base, tmp_path / name), engine="inprocess", quiet=True)
+
+
+# ---------------------------------------------------------------------------------------- k-FED maths
+def test_local_centres_shapes_and_counts() -> None:
+    X = _blobs()
+    centres, counts = local_centres(X, 5, seed=0)
+    assert centres.shape == (5, 2) and centres.dtype == np.float64
+    assert counts.shape == (5,) and counts.dtype == np.int64
+    assert counts.sum() == X.shape[0] and (counts > 0).all()
+    np.testing.assert_array_equal(np.bincount(nearest_centre(X, centres), minlength=5), counts)
+
+
+def test_local_centres_caps_k_at_the_number_of_samples() -> None:
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    centres, counts = local_centres(X, 10, seed=0)
+    assert centres.shape == (3, 2)
+    np.testing.assert_array_equal(counts, [1, 1, 1])
+    np.testing.assert_allclose(centres[np.lexsort(centres.T[::-1])], X[np.lexsort(X.T[::-1])])
+
+
+def test_local_centres_are_seeded() -> None:
+    X = np.random.default_rng(3).normal(size=(60, 4))
+    first, again = local_centres(X, 6, seed=7), local_centres(X, 6, seed=7)
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], again[1])
+
+
+# ----------------------------------------------------------------------------------------- FCM maths
+@pytest.mark.parametrize("m", [1.1, 1.5, 2.0, 3.0])
+def test_fcm_memberships_are_a_distribution_matching_bezdek(m: float) -> None:
+    X = _blobs(10)
+    centres = np.array([[0.5, 0.5], [5.0, 1.0], [1.0, 5.0]])
+    U = fcm_memberships(X, centres, m)
+    assert U.shape == (30, 3) and (U >= 0).all()
+    np.testing.assert_allclose(U.sum(1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(U, _naive_memberships(X, centres, m), rtol=1e-9, atol=1e-12)
+
+
+def test_a_sample_on_a_centre_belongs_to_it() -> None:
+    centres = np.array([[0.0, 0.0], [3.0, 4.0], [-2.0, 7.0]])
+    U = fcm_memberships(centres.copy(), centres, 2.0)
+    np.testing.assert_allclose(U, np.eye(3), atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e-100, 1e100])
+@pytest.mark.parametrize("m", [1.05, 1.1, 2.0])
+def test_fcm_memberships_are_stable_at_extreme_scales(scale: float, m: float) -> None:
+    # at m = 1.1, d^(-2/(m-1)) = d^-20 under- or overflows long before d does: log space must cope
+    X, centres = _blobs(10) * scale, np.array([[0.5, 0.5], [5.0, 1.0], [1.0, 5.0]]) * scale
+    U = fcm_memberships(X, centres, m)
+    assert np.isfinite(U).all() and (U >= 0).all()
+    np.testing.assert_allclose(U.sum(1), 1.0, atol=1e-12)
+    np.testing.assert_array_equal(U.argmax(1), nearest_centre(X, centres))
+
+
+@pytest.mark.parametrize("m", [1.1, 2.0])
+def test_membership_sums_match_a_naive_loop(m: float) -> None:
+    X = _blobs(15)
+    centres = np.array([[1.0, 0.0], [5.0, 0.5], [0.0, 5.0]])
+    U = fcm_memberships(X, centres, m)
+    sums, mass = np.zeros_like(centres), np.zeros(3)
+    for i in range(X.shape[0]):
+        for j in range(3):
+            sums[j] += U[i, j] ** m * X[i]
+            mass[j] += U[i, j] ** m
+    got_sums, got_mass = membership_sums(X, centres, m)
+    np.testing.assert_allclose(got_sums, sums, rtol=1e-12)
+    np.testing.assert_allclose(got_mass, mass, rtol=1e-12)
+
+
+def test_federated_sums_equal_the_pooled_fcm_step() -> None:
+    X, m = _blobs(50, seed=4), 1.1
+    centres = np.array([[1.0, 1.0], [5.0, -1.0], [-1.0, 5.0]])
+    parts = np.split(np.random.default_rng(0).permutation(X.shape[0]), [20, 90])  # uneven clients
+    replies = [membership_sums(X[idx], centres, m) for idx in parts]
+    pooled_sums, pooled_mass = membership_sums(X, centres, m)
+    np.testing.assert_allclose(sum(s for s, _ in replies), pooled_sums, rtol=1e-12)
+    np.testing.assert_allclose(sum(w for _, w in replies), pooled_mass, rtol=1e-12)
+    federated = centres_from_sums([s for s, _ in replies], [w for _, w in replies])
+    np.testing.assert_allclose(federated, pooled_sums / pooled_mass[:, None], rtol=1e-12)
+
+
+def test_ffcm_clients_with_one_local_iteration_give_the_pooled_sums() -> None:
+    cfg = parse_run_config({"method": "ffcm", "dataset": "digits", "num-clients": 3})
+    pooled = load_run_dataset(cfg).features
+    centres = pooled[[0, 100, 200, 300, 400, 500, 600, 700, 800, 900]]
+    config = {"phase": "update", "fuzziness": cfg.fuzziness, "local-iters": 1, "server-round": 2}
+    sums, mass, examples = 0.0, 0.0, 0
+    for pid in range(3):
+        node = {"partition-id": pid, "num-partitions": 3}
+        context = Context(run_id=0, node_id=pid + 1, node_config=node, state=RecordDict(), run_config={})
+        (client_sums, client_mass), n, metrics = FFCMClient(context, cfg).fit([centres], config)
+        assert metrics["partition-id"] == pid and metrics["k"] == 10
+        sums, mass, examples = sums + client_sums, mass + client_mass, examples + n
+    assert examples == pooled.shape[0]
+    pooled_sums, pooled_mass = membership_sums(pooled, centres, cfg.fuzziness)
+    np.testing.assert_allclose(sums, pooled_sums, rtol=1e-9)
+    np.testing.assert_allclose(mass, pooled_mass, rtol=1e-9)
+
+
+def test_ffcm_rounds_are_centralized_fcm_steps(tmp_path: Path) -> None:
+    """Rounds 2 and 3 of a federation move the centres exactly as two FCM steps on the pooled data."""
+    overrides = build_overrides(
+        {"method": "ffcm", "dataset": "digits", "num-clients": 4, "delta": 0.0}, tmp_path
+    )
+    initial, _ = run_inprocess(server_fn, client_fn, {**overrides, "num-rounds": 1}, 4)
+    final, _ = run_inprocess(server_fn, client_fn, {**overrides, "num-rounds": 3}, 4)
+    pooled = load_run_dataset(parse_run_config(overrides)).features
+    centres = initial.centres
+    for _ in range(2):
+        sums, mass = membership_sums(pooled, centres, final.cfg.fuzziness)
+        centres = sums / mass[:, None]
+    np.testing.assert_allclose(final.centres, centres, rtol=1e-9, atol=1e-12)
+    assert len(final.shifts) == 2
+
+
+# ------------------------------------------------------------------------------- in-process federations
+@pytest.fixture(scope="module")
+def digits_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Centralized k-means, k-FED and FFCM (default config, up to 50 rounds) on digits, 10 IID clients."""
+    root = tmp_path_factory.mktemp("digits")
+    return {
+        "kmeans": _run(root, "kmeans", method="kmeans"),
+        "kfed": _run(root, "kfed", method="kfed"),
+        "ffcm": _run(root, "ffcm", method="ffcm", **{"num-rounds": 50}),
+    }
+
+
+@pytest.mark.parametrize("method", ["kfed", "ffcm"])
+def test_acceptance_nmi_close_to_centralized_kmeans(
+    digits_runs: dict[str, dict[str, Any]], method: str
+) -> None:
+    centralized = digits_runs["kmeans"]["metrics"]["nmi"]
+    federated = digits_runs[method]["metrics"]["nmi"]
+    assert abs(federated - centralized) <= NMI_TOLERANCE, (
+        f"{method} NMI {federated:.4f} vs k-means {centralized:.4f}"
+    )
+
+
+def test_run_summaries_describe_the_run(digits_runs: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    kfed, ffcm = digits_runs["kfed"], digits_runs["ffcm"]
+    assert kfed["rounds"] == 1 and kfed["stop_reason"] == "one-shot"
+    assert kfed["num_clients"] == 10 and kfed["k"] == 10
+    assert ffcm["config"]["fuzziness"] == 1.1
+    assert 1 < ffcm["rounds"] <= 50
+    assert len(ffcm["centre_shift_per_round"]) == ffcm["rounds"] - 1
+    if ffcm["rounds"] < 50:  # converged early: the last shift met the threshold
+        assert ffcm["centre_shift_per_round"][-1] <= ffcm["config"]["delta"]
+    for summary in (kfed, ffcm):
+        assert summary["comm_bytes"]["up"] > 0 and summary["comm_bytes"]["down"] >= 0
+        assert summary["comm_bytes"]["eval_up"] > 0
+    assert digits_runs["kmeans"]["comm_bytes"]["total_mb"] == 0.0
+
+
+@pytest.mark.parametrize(("method", "rounds"), [("kfed", 1), ("ffcm", 50)])
+def test_same_seed_same_metrics(
+    digits_runs: dict[str, dict[str, Any]], tmp_path: Path, method: str, rounds: int
+) -> None:
+    again = _run(tmp_path, method, method=method, **{"num-rounds": rounds})
+    assert again["metrics"] == digits_runs[method]["metrics"]
+    assert again["comm_bytes"]["up"] == digits_runs[method]["comm_bytes"]["up"]
+    assert again["rounds"] == digits_runs[method]["rounds"]
+
+
+@pytest.mark.parametrize(("method", "num_clients"), [("kfed", 3), ("kfed", 17), ("ffcm", 5)])
+def test_other_client_counts(tmp_path: Path, method: str, num_clients: int) -> None:
+    summary = _run(tmp_path, method, method=method, **{"num-clients": num_clients, "num-rounds": 5})
+    assert summary["num_clients"] == num_clients
+    assert summary["metrics"]["nmi"] > 0.6
+    rounds = json.loads((tmp_path / method / "rounds.json").read_text())
+    assert rounds[-1]["evaluated"] == 1797  # every sample is labelled by exactly one client
+
+
+@pytest.mark.parametrize("method", ["kfed", "ffcm"])
+def test_p_heterogeneous_partition(tmp_path: Path, method: str) -> None:
+    summary = _run(tmp_path, method, method=method, partition="p-hetero", p=0.8, **{"num-rounds": 5})
+    assert summary["config"]["partition"] == "p-hetero" and summary["config"]["p"] == 0.8
+    assert summary["metrics"]["nmi"] > 0.5
+    rounds = json.loads((tmp_path / method / "rounds.json").read_text())
+    assert rounds[-1]["evaluated"] == 10 * (1797 // 10)  # p-hetero leaves N mod clients samples unused
+
+
+def test_experiment_file_runs_every_seed_and_writes_a_table(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(
+        '[experiment]\nname = "tiny"\nengine = "inprocess"\nseeds = [0, 1]\nmetrics = ["nmi"]\n'
+        '[defaults]\ndataset = "digits"\nnum-clients = 3\n'
+        '[[runs]]\nlabel = "k-FED"\nmethod = "kfed"\npaper = { nmi = 0.7 }\n'
+    )
+    messages: list[str] = []
+    results = run_experiment(load_experiment(spec), tmp_path / "out", progress=messages.append)
+    assert [s["seed"] for s in results["k-FED"]] == [0, 1] and len(messages) == 2
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "| k-FED |" in table and "NMI (paper)" in table and "70.00" in table
+    assert json.loads((tmp_path / "out" / "results.json").read_text()).keys() == {"k-FED"}
+    assert (tmp_path / "out" / "k-FED-s1" / "summary.json").exists()
