@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+from flwr.app import Array, ArrayRecord
 from flwr.client import NumPyClient
 from flwr.common import Context, NDArrays, Scalar
 
 from fedapp.config import RunConfig
-from fedapp.local_data import LocalData, client_seed, local_partition
+from fedapp.local_data import LocalData, client_seed, local_partition, local_view
 from fedapp.metrics import contingency_table, encode_table
 
 
@@ -41,9 +42,12 @@ class ClusteringClient(NumPyClient):
         self.context = context  # context.state survives rounds; the client object does not
         self.cfg = cfg
         self.partition_id, self.num_partitions = node_identity(context, cfg)
-        self.data: LocalData = local_partition(cfg, self.partition_id, self.num_partitions)
+        self.data: LocalData = self.load_data()
         self.k = cfg.k or self.data.n_classes
         self.seed = client_seed(cfg.seed, self.partition_id)
+
+    def load_data(self) -> LocalData:
+        return local_partition(self.cfg, self.partition_id, self.num_partitions)
 
     def identity_metrics(self) -> dict[str, Scalar]:
         return {"partition-id": self.partition_id, "k": self.k}
@@ -58,3 +62,41 @@ class ClusteringClient(NumPyClient):
         predicted = self.predict(parameters, config)
         table = contingency_table(predicted, self.data.labels, self.k, self.data.n_classes)
         return 0.0, self.data.n_samples, {"table": encode_table(table), **self.identity_metrics()}
+
+
+LABEL_HOLDER = 0  # vertical federation: the party whose copy of the labels scores the consensus
+
+
+class VerticalClient(ClusteringClient):
+    """Base client for vertical methods: client v holds view v of all N samples (same sample order).
+
+    The server's global model is the consensus label vector; only the label holder turns it into a
+    contingency table (every party has the same samples, so one table is the whole evaluation).
+    """
+
+    def load_data(self) -> LocalData:
+        return local_view(self.cfg, self.partition_id, self.num_partitions)
+
+    def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
+        labels = np.asarray(parameters[0]).astype(np.int64)
+        if labels.shape != (self.data.n_samples,):
+            raise ValueError(
+                f"consensus labels of shape {labels.shape}, this view has {self.data.n_samples} rows"
+            )
+        return labels
+
+    def state_arrays(self, key: str) -> dict[str, np.ndarray]:
+        """Arrays this client kept in `context.state[key]` in earlier rounds ({} on the first)."""
+        if key not in self.context.state:
+            return {}
+        return {name: array.numpy() for name, array in self.context.state[key].items()}
+
+    def keep_state(self, key: str, arrays: dict[str, np.ndarray]) -> None:
+        self.context.state[key] = ArrayRecord(
+            {name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()}
+        )
+
+
+def label_dtype(k: int) -> np.dtype:
+    """Smallest unsigned integer type for labels in [0, k): what crosses the wire for label vectors."""
+    return np.dtype(np.uint8 if k <= 256 else np.uint16 if k <= 65536 else np.int32)

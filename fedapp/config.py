@@ -18,7 +18,7 @@ from typing import Any
 from fedapp.methods import METHODS, method_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-PARTITIONS = ("iid", "p-hetero", "size-ratio", "dirichlet", "vertical")
+PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "vertical")
 SCALINGS = ("none", "zscore", "minmax", "l2")
 
 
@@ -125,6 +125,8 @@ def parse_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
         raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: {sorted(raw)}")
     raw.update(overrides or {})
     values = {attr: _coerce(key, raw[key], kind) for key, (attr, kind) in _KEYS.items()}
+    if values["partition"] == "auto" and values["method"] in METHODS:
+        values["partition"] = "vertical" if METHODS[values["method"]].vertical else "iid"
     cfg = RunConfig(**values, raw=raw)
     _validate(cfg)
     return cfg

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedapp.config import RunConfig
 from fedapp.data import Dataset, load_dataset, resolve_data_dir
-from fedapp.partition import partition_indices
+from fedapp.partition import partition_indices, vertical_view
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,38 @@ def _local_partition(
     parts = partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha)
     idx = parts[partition_id]
     return LocalData(data.features[idx], data.y[idx], data.n_classes, idx)
+
+
+def local_view(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
+    """Vertical federation: view `partition_id` of every sample, scaled per `cfg.scaling`.
+
+    Labels come along only for evaluation by the label holder (partition 0); they never leave the client.
+    """
+    return _local_view(
+        cfg.dataset, cfg.data_dir, cfg.seed, cfg.max_samples, cfg.scaling, partition_id, num_partitions
+    )
+
+
+@lru_cache(maxsize=16)
+def _local_view(
+    dataset: str,
+    data_dir: str,
+    seed: int,
+    max_samples: int,
+    scaling: str,
+    partition_id: int,
+    num_partitions: int,
+) -> LocalData:
+    from clients.cefmc import scale_view  # the scaling lives with the CeFMC client maths
+
+    data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
+    if data.views is None:
+        raise ValueError(
+            f"dataset '{dataset}' has no views (kind '{data.kind}'); vertical methods need "
+            "a multi-view dataset such as hw, bdgp, drybean, digits-mv or mat:<path>"
+        )
+    view = scale_view(vertical_view(data.views, partition_id, num_partitions), scaling)
+    return LocalData(view, data.y, data.n_classes, np.arange(data.n_samples))
 
 
 def client_seed(seed: int, partition_id: int) -> int:

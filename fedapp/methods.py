@@ -42,6 +42,34 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.ffcm:FFCMStrategy",
             "clients.ffcm:FFCMClient",
         ),
+        MethodSpec(
+            "cefmc",
+            "CeFMC (vertical multi-view): H_v^(0) once, then labels + objective up, labels + C̄_v down",
+            "strategies.cefmc:CeFMCStrategy",
+            "clients.cefmc:CeFMCClient",
+            vertical=True,
+        ),
+        MethodSpec(
+            "cefmc-h",
+            "CeFMC-H ablation: clients send their full representation H_v every round",
+            "strategies.cefmc:CeFMCHStrategy",
+            "clients.cefmc:CeFMCHClient",
+            vertical=True,
+        ),
+        MethodSpec(
+            "fedcmv",
+            "FedCMv (Bárcena et al. 2024): vertical c-means, per-sample partial distances up",
+            "strategies.fedcmv:FedCMvStrategy",
+            "clients.fedcmv:FedCMvClient",
+            vertical=True,
+        ),
+        MethodSpec(
+            "fedfcmv",
+            "FedFCMv (Bárcena et al. 2024): vertical fuzzy c-means, partial distances up",
+            "strategies.fedcmv:FedFCMvStrategy",
+            "clients.fedcmv:FedCMvClient",
+            vertical=True,
+        ),
     )
 }
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import tomli_w
 
-from fedapp.config import PROJECT_ROOT, RunConfig, parse_run_config
-from fedapp.data import resolve_data_dir
-from fedapp.methods import method_spec
+from fedapp.config import PROJECT_ROOT, ConfigError, RunConfig, default_run_config, parse_run_config
+from fedapp.data import load_dataset, resolve_data_dir
+from fedapp.methods import METHODS, method_spec
 from simulation.processes import (
     ProcessError,
     console_script,
@@ -59,12 +59,37 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
 def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     """Absolute paths for out-dir and data-dir: Flower's processes run in other working directories."""
     overrides = dict(base)
+    spec = METHODS.get(str(overrides.get("method")))
+    if spec is not None and spec.vertical:  # one client per view
+        n_views = count_views(overrides)
+        if overrides.get("num-clients") and int(overrides["num-clients"]) != n_views:
+            raise ConfigError(
+                f"vertical method '{spec.name}' needs one client per view: dataset "
+                f"'{overrides.get('dataset')}' has {n_views} views, num-clients={overrides['num-clients']}"
+            )
+        overrides["num-clients"] = n_views
     overrides["num-clients"] = int(overrides.get("num-clients") or DEFAULT_CLIENTS)  # runner: fixed size
     overrides["out-dir"] = str(out_dir.resolve())
     data_dir = resolve_data_dir(overrides.get("data-dir") or None)
     if data_dir is not None:
         overrides["data-dir"] = str(Path(data_dir).resolve())
     return overrides
+
+
+def count_views(overrides: Mapping[str, Any]) -> int:
+    """Number of views of the configured dataset (vertical federations need one client per view)."""
+    dataset = str(overrides.get("dataset") or default_run_config()["dataset"])
+    data = load_dataset(
+        dataset,
+        resolve_data_dir(overrides.get("data-dir") or None),
+        max_samples=int(overrides.get("max-samples") or 0),
+    )
+    if data.views is None:
+        raise ConfigError(
+            f"dataset '{dataset}' has no views (kind '{data.kind}'); vertical methods need a "
+            "multi-view dataset such as hw, bdgp, drybean, digits-mv or mat:<path>"
+        )
+    return len(data.views)
 
 
 def execute(overrides: Mapping[str, Any], engine: str = "flwr", *, quiet: bool = False) -> dict[str, Any]:

@@ -125,6 +125,7 @@ class ClusteringStrategy(Strategy):
         self.final_metrics: dict[str, float] | None = None
         self.rounds_run = 0
         self.clients_seen = 0
+        self.partition_of: dict[str, int] = {}  # cid -> partition id, learnt from valid replies
         self._final_evaluated = False
         self._started = time.perf_counter()
 
@@ -155,6 +156,10 @@ class ClusteringStrategy(Strategy):
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
         raise NotImplementedError
+
+    def evaluation_clients(self, clients: list[ClientProxy]) -> list[ClientProxy]:
+        """Who scores the model (default: every client, each on its own samples)."""
+        return clients
 
     def evaluation_parameters(self, parameters: Parameters) -> Parameters:
         """What clients need to label their data (default: the current global parameters)."""
@@ -254,6 +259,7 @@ class ClusteringStrategy(Strategy):
             raise ReplyError(f"client uses k={reported_k!r}, the federation uses k={self.k}")
         reply = ClientReply(client.cid, partition_id, arrays, int(res.num_examples), dict(res.metrics))
         self.check_reply(server_round, reply)
+        self.partition_of[client.cid] = partition_id
         return reply
 
     def configure_evaluate(
@@ -262,7 +268,7 @@ class ClusteringStrategy(Strategy):
         if self._final_evaluated or not parameters.tensors:
             return []
         ins = EvaluateIns(self.evaluation_parameters(parameters), {"server-round": server_round})
-        instructions = [(client, ins) for client in self._clients(client_manager)]
+        instructions = [(client, ins) for client in self.evaluation_clients(self._clients(client_manager))]
         for client, _ in instructions:
             down = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)
             self.ledger.record(server_round, client.cid, "evaluate", down=down)

@@ -1,0 +1,107 @@
+"""Shared server glue for vertical federations: client v holds view v of the same N samples.
+
+Every round needs every view (the maths combines them), so a round in which a view is missing is
+skipped — the server keeps its state, logs which view was missing, and the next round retries. After the
+first round the server knows which client holds which view (from the `partition-id` in its reply) and
+sends each client its own per-view payload. The global model is the consensus label vector; only the
+label holder (partition 0) scores it, because every party holds the same samples.
+"""
+
+from __future__ import annotations
+
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
+from flwr.server.client_proxy import ClientProxy
+
+from clients.base import LABEL_HOLDER, label_dtype
+from fedapp.config import RunConfig
+from strategies.base import ClientReply, ClusteringStrategy, ReplyError, consistent_replies
+
+
+class VerticalStrategy(ClusteringStrategy):
+    """Subclasses implement `initialised`, `view_payload`, `reply_spec` and `aggregate_views`."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        self.n_views: int | None = cfg.num_clients or None
+        self.n_samples: int | None = None
+
+    # ---------------------------------------------------------------------------------------- hooks
+    def initialised(self) -> bool:
+        raise NotImplementedError
+
+    def view_payload(self, view: int) -> list[np.ndarray]:
+        """Arrays for the client holding `view` once initialised."""
+        raise NotImplementedError
+
+    def aggregate_views(
+        self, round_number: int, arrays: list[np.ndarray], metrics: list[dict[str, Any]]
+    ) -> np.ndarray:
+        """Server update from one array per view (view order); returns the consensus labels."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------ protocol
+    def fit_instructions(
+        self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        config = self.fit_config(server_round)
+        if not self.initialised():
+            ins = FitIns(ndarrays_to_parameters([]), config)
+            return [(client, ins) for client in clients]
+        instructions = []
+        for client in clients:
+            view = self.partition_of.get(client.cid)
+            if view is None:
+                log(
+                    WARNING,
+                    "round %d: client %s holds no known view (it missed the first round)",
+                    server_round,
+                    client.cid,
+                )
+                continue
+            instructions.append((client, FitIns(ndarrays_to_parameters(self.view_payload(view)), config)))
+        return instructions
+
+    def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+        # the first replies fix N (every view has the same samples): a client with other rows is rejected
+        return consistent_replies(replies, server_round, axis=0) if self.n_samples is None else replies
+
+    def check_reply(self, server_round: int, reply: ClientReply) -> None:
+        for array in reply.arrays:
+            if array.dtype.kind in "iu" and array.size and (array.min() < 0 or array.max() >= (self.k or 0)):
+                raise ReplyError(f"labels outside [0, {self.k})")
+
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
+        n_views = self.n_views or self.clients_seen
+        by_view: dict[int, ClientReply] = {}
+        for reply in replies:
+            if reply.partition_id in by_view:
+                log(
+                    WARNING,
+                    "round %d: two replies for view %d; keeping client %s",
+                    server_round,
+                    reply.partition_id,
+                    by_view[reply.partition_id].cid,
+                )
+                continue
+            by_view[reply.partition_id] = reply
+        missing = sorted(set(range(n_views)) - set(by_view))
+        extra = sorted(set(by_view) - set(range(n_views)))
+        if missing or extra:
+            raise ValueError(
+                f"views missing {missing} / unexpected {extra} of {n_views}: every view is needed"
+            )
+        self.n_views = n_views
+        self.n_samples = replies[0].arrays[0].shape[0]
+        ordered = [by_view[view] for view in range(n_views)]
+        labels = self.aggregate_views(
+            server_round, [r.arrays[0] for r in ordered], [r.metrics for r in ordered]
+        )
+        assert self.k is not None
+        return ndarrays_to_parameters([labels.astype(label_dtype(self.k))])
+
+    def evaluation_clients(self, clients: list[ClientProxy]) -> list[ClientProxy]:
+        return [client for client in clients if self.partition_of.get(client.cid) == LABEL_HOLDER]
