@@ -100,13 +100,18 @@ def _local_view(
     from clients.cefmc import scale_view  # the scaling lives with the CeFMC client maths
 
     data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
+    view = scale_view(vertical_view(views_of(data), partition_id, num_partitions), scaling)
+    return LocalData(view, data.y, data.n_classes, np.arange(data.n_samples))
+
+
+def views_of(data: Dataset) -> tuple[np.ndarray, ...]:
+    """The views of a multi-view dataset; a clear error for any other kind."""
     if data.views is None:
         raise ValueError(
-            f"dataset '{dataset}' has no views (kind '{data.kind}'); vertical methods need "
-            "a multi-view dataset such as hw, bdgp, drybean, digits-mv or mat:<path>"
+            f"dataset '{data.name}' has no views (kind '{data.kind}'); vertical methods need a multi-view "
+            "dataset such as hw, bdgp, drybean, digits-mv or mat:<path>"
         )
-    view = scale_view(vertical_view(data.views, partition_id, num_partitions), scaling)
-    return LocalData(view, data.y, data.n_classes, np.arange(data.n_samples))
+    return data.views
 
 
 def client_seed(seed: int, partition_id: int) -> int:

@@ -23,6 +23,7 @@ import tomli_w
 
 from fedapp.config import PROJECT_ROOT, ConfigError, RunConfig, default_run_config, parse_run_config
 from fedapp.data import load_dataset, resolve_data_dir
+from fedapp.local_data import views_of
 from fedapp.methods import METHODS, method_spec
 from simulation.processes import (
     ProcessError,
@@ -84,12 +85,10 @@ def count_views(overrides: Mapping[str, Any]) -> int:
         resolve_data_dir(overrides.get("data-dir") or None),
         max_samples=int(overrides.get("max-samples") or 0),
     )
-    if data.views is None:
-        raise ConfigError(
-            f"dataset '{dataset}' has no views (kind '{data.kind}'); vertical methods need a "
-            "multi-view dataset such as hw, bdgp, drybean, digits-mv or mat:<path>"
-        )
-    return len(data.views)
+    try:
+        return len(views_of(data))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def execute(overrides: Mapping[str, Any], engine: str = "flwr", *, quiet: bool = False) -> dict[str, Any]:
