@@ -15,6 +15,7 @@ All Y-products use label gathers and k x k contingency counts, never N x k one-h
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from logging import INFO
 from typing import Any
@@ -38,7 +39,7 @@ def _check_labels(labels: np.ndarray, n_samples: int, k: int, name: str) -> np.n
         )
     if labels.size and (labels.min() < 0 or labels.max() >= k):
         raise ValueError(f"{name} must lie in [0, {k}), got range [{labels.min()}, {labels.max()}]")
-    return labels
+    return labels.astype(np.int64)  # wire labels are uint8: index arithmetic such as y_v * k must not wrap
 
 
 def _orthonormal_rows_maximising_trace(P: np.ndarray) -> np.ndarray:
@@ -56,7 +57,8 @@ def _cluster_sums(values: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
 
 def _co_occurrences(y_v: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
     """Y_vᵀ Y (k x k): how many samples client v labels a and the server labels b."""
-    return np.bincount(y_v * k + y, minlength=k * k).reshape(k, k).astype(np.float64)
+    pairs = np.asarray(y_v, dtype=np.int64) * k + np.asarray(y, dtype=np.int64)
+    return np.bincount(pairs, minlength=k * k).reshape(k, k).astype(np.float64)
 
 
 # --------------------------------------------------------------------------- initialisation
@@ -279,8 +281,9 @@ class CeFMCStrategy(VerticalStrategy):
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
         super().check_reply(server_round, reply)
-        if self.C is not None and not isinstance(reply.metrics.get("objective"), float):
-            raise ReplyError("metrics lack a float 'objective' (obj_v, Eq. 30)")
+        objective = reply.metrics.get("objective")
+        if self.C is not None and not (isinstance(objective, float) and math.isfinite(objective)):
+            raise ReplyError(f"metrics need a finite float 'objective' (obj_v, Eq. 30), got {objective!r}")
 
     def aggregate_views(self, round_number: int, arrays: list[np.ndarray], metrics: list[dict]) -> np.ndarray:
         beta = self.cfg.effective_beta

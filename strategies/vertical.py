@@ -54,7 +54,7 @@ class VerticalStrategy(ClusteringStrategy):
         instructions = []
         for client in clients:
             view = self.partition_of.get(client.cid)
-            if view is None:
+            if view is None or not 0 <= view < (self.n_views or 0):
                 log(
                     WARNING,
                     "round %d: client %s holds no known view (it missed the first round)",
@@ -70,6 +70,11 @@ class VerticalStrategy(ClusteringStrategy):
         return consistent_replies(replies, server_round, axis=0) if self.n_samples is None else replies
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
+        n_views = self.n_views or self.clients_seen
+        if not 0 <= reply.partition_id < n_views:
+            raise ReplyError(
+                f"partition-id {reply.partition_id} is not a view of this federation (0..{n_views - 1})"
+            )
         for array in reply.arrays:
             if array.dtype.kind in "iu" and array.size and (array.min() < 0 or array.max() >= (self.k or 0)):
                 raise ReplyError(f"labels outside [0, {self.k})")
