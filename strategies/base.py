@@ -37,6 +37,7 @@ from fedapp.metrics import clustering_metrics, decode_table
 from fedapp.results import default_out_dir, write_run_outputs
 
 CLIENT_WAIT_S = 300
+MAX_EMPTY_ROUNDS = 3  # consecutive rounds without one valid reply end the run (clients are broken)
 
 
 class ReplyError(ValueError):
@@ -127,6 +128,7 @@ class ClusteringStrategy(Strategy):
         self.clients_seen = 0
         self.partition_of: dict[str, int] = {}  # cid -> partition id, learnt from valid replies
         self._final_evaluated = False
+        self._empty_rounds = 0
         self._started = time.perf_counter()
 
     # ----------------------------------------------------------------------------------------- hooks
@@ -160,10 +162,6 @@ class ClusteringStrategy(Strategy):
     def evaluation_clients(self, clients: list[ClientProxy]) -> list[ClientProxy]:
         """Who scores the model (default: every client, each on its own samples)."""
         return clients
-
-    def evaluation_parameters(self, parameters: Parameters) -> Parameters:
-        """What clients need to label their data (default: the current global parameters)."""
-        return parameters
 
     def extra_summary(self) -> dict[str, Any]:
         """Method-specific fields for summary.json."""
@@ -229,7 +227,14 @@ class ClusteringStrategy(Strategy):
         }
         if not consistent:
             log(WARNING, "round %d: no valid client reply; the global model is unchanged", server_round)
+            self._empty_rounds += 1
+            if self._empty_rounds >= MAX_EMPTY_ROUNDS:
+                self.finished = True
+                self.stop_reason = f"no valid client reply in {MAX_EMPTY_ROUNDS} consecutive rounds"
+                log(WARNING, "stopping: %s", self.stop_reason)
+                self.write_outputs()
             return None, stats
+        self._empty_rounds = 0
         try:
             return self.aggregate(server_round, consistent), stats
         except (
@@ -267,7 +272,7 @@ class ClusteringStrategy(Strategy):
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self._final_evaluated or not parameters.tensors:
             return []
-        ins = EvaluateIns(self.evaluation_parameters(parameters), {"server-round": server_round})
+        ins = EvaluateIns(parameters, {"server-round": server_round})
         instructions = [(client, ins) for client in self.evaluation_clients(self._clients(client_manager))]
         for client, _ in instructions:
             down = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)

@@ -25,7 +25,7 @@ import strategies.base
 from fedapp.config import RunConfig, parse_run_config
 from fedapp.ledger import mapping_nbytes, parameters_nbytes
 from fedapp.metrics import clustering_metrics, encode_table
-from strategies.base import FederationError
+from strategies.base import MAX_EMPTY_ROUNDS, FederationError
 from strategies.ffcm import FFCMStrategy
 from strategies.kfed import KFedStrategy
 
@@ -522,3 +522,31 @@ def test_extra_clients_are_used_with_a_warning(tmp_path: Path, caplog: pytest.Lo
         instructions = strategy.configure_fit(1, ndarrays_to_parameters([]), _manager(["a", "b", "c"]))
     assert len(instructions) == 3
     assert "3 clients connected but num-clients=2" in caplog.text
+
+
+# ------------------------------------------------------------------------------------ broken clients
+def test_a_run_stops_after_consecutive_rounds_without_a_valid_reply(tmp_path: Path) -> None:
+    """Clients that fail every round (e.g. a missing data file) end the run instead of idling."""
+    strategy = FFCMStrategy(_cfg(tmp_path))
+    manager = _manager(["a", "b", "c"])
+    nan_reply = _fit_res([np.full((3, 2), np.nan), np.ones(3)], {"partition-id": 0, "k": 3})
+    for server_round in range(1, MAX_EMPTY_ROUNDS + 1):
+        assert strategy.configure_fit(server_round, ndarrays_to_parameters([]), manager)
+        parameters, stats = strategy.aggregate_fit(
+            server_round, [(_proxy("a"), nan_reply)], [RuntimeError("b down"), RuntimeError("c down")]
+        )
+        assert parameters is None and stats["accepted"] == 0
+    assert strategy.finished and "consecutive" in strategy.stop_reason
+    assert strategy.configure_fit(MAX_EMPTY_ROUNDS + 1, ndarrays_to_parameters([]), manager) == []
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["metrics"] == {} and "consecutive" in summary["stop_reason"]
+
+
+def test_one_valid_round_resets_the_empty_round_count(tmp_path: Path) -> None:
+    strategy = KFedStrategy(_cfg(tmp_path))
+    bad = _fit_res([np.full((3, 2), np.nan), np.ones(3, dtype=np.int64)], {"partition-id": 0, "k": 3})
+    for server_round in range(1, MAX_EMPTY_ROUNDS):
+        strategy.aggregate_fit(server_round, [(_proxy("a"), bad)], [])
+    good = _fit_res([TRUE_CENTRES, np.ones(3, dtype=np.int64)], {"partition-id": 0, "k": 3})
+    parameters, _ = strategy.aggregate_fit(MAX_EMPTY_ROUNDS, [(_proxy("a"), good)], [])
+    assert parameters is not None and strategy.stop_reason == "one-shot"
