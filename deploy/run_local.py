@@ -28,19 +28,13 @@ from simulation.processes import (  # noqa: E402
     console_script,
     flower_env,
     free_port,
+    start_logged,
     stop_process,
     wait_for_health,
 )
 from simulation.runner import build_overrides, parse_set_options  # noqa: E402
 
 START_TIMEOUT_S = 60
-
-
-def start_logged(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    with log_path.open("w") as log_file:
-        return subprocess.Popen(
-            command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-        )
 
 
 def deploy(overrides: dict, num_clients: int, work_dir: Path) -> int:
@@ -118,9 +112,10 @@ def deploy(overrides: dict, num_clients: int, work_dir: Path) -> int:
     finally:
         for process in reversed(started):  # SuperNodes first, then the SuperLink
             stop_process(process)
-        still_running = [name for name, process in zip(pids, started, strict=True) if process.poll() is None]
-        (Path(overrides["out-dir"]) / "deploy-pids.json").parent.mkdir(parents=True, exist_ok=True)
-        (Path(overrides["out-dir"]) / "deploy-pids.json").write_text(json.dumps(pids, indent=2))
+        still_running = [process for process in started if process.poll() is None]
+        pids_path = Path(overrides["out-dir"]) / "deploy-pids.json"
+        pids_path.parent.mkdir(parents=True, exist_ok=True)
+        pids_path.write_text(json.dumps(pids, indent=2))
         print(f"stopped {len(started) - len(still_running)}/{len(started)} processes", flush=True)
 
 
@@ -144,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         **parse_set_options(args.set),
     }
-    overrides = build_overrides(base, args.out)
-    try:
-        parse_run_config(overrides)  # fail before starting any process
+    try:  # fail before starting any process
+        overrides = build_overrides(base, args.out)
+        parse_run_config(overrides)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

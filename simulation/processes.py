@@ -87,3 +87,11 @@ def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def start_logged(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """Start `command` in a new session (so `stop_process` also stops its children), output to `log_path`."""
+    with log_path.open("w") as log_file:
+        return subprocess.Popen(
+            command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )

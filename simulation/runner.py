@@ -30,6 +30,7 @@ from simulation.processes import (
     console_script,
     flower_env,
     free_port,
+    start_logged,
     stop_process,
     wait_for_health,
 )
@@ -157,10 +158,7 @@ def local_simulation_superlink(flwr_home: Path, env: dict[str, str]):
         str(http_port),
         "--disable-runtime-dependency-installation",
     ]
-    with log_path.open("w") as log_file:
-        process = subprocess.Popen(
-            command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    process = start_logged(command, env, log_path)
     try:
         wait_for_health(http_port, process, SUPERLINK_START_TIMEOUT_S, f"flower-superlink (log: {log_path})")
         yield process
