@@ -21,7 +21,7 @@ from clients import cefmc as cefmc_client
 from clients import fedcmv as fedcmv_client
 from strategies import cefmc as cefmc_server
 from strategies import fedcmv as fedcmv_server
-from strategies.cefmc import has_converged
+from strategies.vertical import has_converged
 
 METHODS = ("cefmc", "cefmc-h", "fedcmv", "fedfcmv", "kmeans")
 LABEL_WIRE_DTYPE = np.int32

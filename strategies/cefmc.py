@@ -184,15 +184,6 @@ def server_round(
     return y, C, consensus_objective(y_views, C_views, y, C, view_objectives, beta=beta)
 
 
-def has_converged(previous_objective: float | None, objective: float, delta: float) -> bool:
-    """Alg. 2, server line 14: stop when |obj_t - obj_{t-1}| / |obj_t| <= δ (never on the first round)."""
-    if previous_objective is None:
-        return False
-    if objective == 0.0:
-        return previous_objective == 0.0
-    return abs(objective - previous_objective) / abs(objective) <= delta
-
-
 # --------------------------------------------------------------------------- CeFMC-H rounds (H_v up)
 
 
@@ -252,7 +243,6 @@ class CeFMCStrategy(VerticalStrategy):
         self.y: np.ndarray | None = None
         self.C: np.ndarray | None = None
         self.C_views: list[np.ndarray] = []  # the fixed C_v = C̄_v^(0) (Eq. 24), kept from initialisation
-        self.objectives: list[float] = []
         self.initial_labels: np.ndarray | None = None
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
@@ -298,19 +288,16 @@ class CeFMCStrategy(VerticalStrategy):
             y, C, objective = server_round_full(arrays, view_objectives, self.C, beta=beta)
         else:
             y, C, objective = server_round(arrays, view_objectives, self.C_views, self.C, beta=beta)
-        converged = has_converged(self.objectives[-1] if self.objectives else None, objective, self.cfg.delta)
         self.y, self.C = y, C
-        self.objectives.append(objective)
         log(INFO, "round %d: CeFMC objective %.6f", round_number, objective)
-        if converged:
-            self.finished, self.stop_reason = True, f"relative objective change <= delta={self.cfg.delta:g}"
+        self.record_objective(objective)
         return y
 
     def extra_summary(self) -> dict[str, Any]:
         moved = None
         if self.initial_labels is not None and self.y is not None:
             moved = float(np.mean(self.initial_labels != self.y))
-        return {"objective_per_round": self.objectives, "labels_changed_since_init": moved}
+        return {**super().extra_summary(), "labels_changed_since_init": moved}
 
 
 class CeFMCHStrategy(CeFMCStrategy):

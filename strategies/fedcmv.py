@@ -3,7 +3,7 @@
 The server never sees features or centroids. At initialisation it draws k sample indices (every client
 copies those rows into its centroid segment); each round it sums the clients' N x k partial squared
 distances into full distances, assigns samples (hard labels for FedCMv, fuzzy memberships for FedFCMv)
-and sends the assignment back. Stop with `strategies.cefmc.has_converged` (Alg. 2's relative-objective
+and sends the assignment back. Stop with `strategies.vertical.has_converged` (Alg. 2's relative-objective
 rule) so that the baselines and CeFMC stop alike.
 """
 
@@ -18,7 +18,6 @@ from flwr.common import Scalar
 from clients.base import label_dtype
 from fedapp.config import RunConfig
 from strategies.base import ArraySpec, ClientReply, ReplyError
-from strategies.cefmc import has_converged
 from strategies.vertical import VerticalStrategy
 
 
@@ -104,7 +103,6 @@ class FedCMvStrategy(VerticalStrategy):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         self.assignment: np.ndarray | None = None
-        self.objectives: list[float] = []
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         phase = "init" if self.assignment is None else "update"
@@ -132,14 +130,8 @@ class FedCMvStrategy(VerticalStrategy):
         labels, self.assignment, objective = server_round(
             arrays, fuzzy=self.fuzzy, fuzzifier=self.cfg.fuzziness
         )
-        converged = has_converged(self.objectives[-1] if self.objectives else None, objective, self.cfg.delta)
-        self.objectives.append(objective)
-        if converged:
-            self.finished, self.stop_reason = True, f"relative objective change <= delta={self.cfg.delta:g}"
+        self.record_objective(objective)
         return labels
-
-    def extra_summary(self) -> dict[str, Any]:
-        return {"objective_per_round": self.objectives}
 
 
 class FedFCMvStrategy(FedCMvStrategy):

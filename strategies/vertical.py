@@ -21,6 +21,15 @@ from fedapp.config import RunConfig
 from strategies.base import ClientReply, ClusteringStrategy, ReplyError, consistent_replies
 
 
+def has_converged(previous_objective: float | None, objective: float, delta: float) -> bool:
+    """Alg. 2, server line 14: stop when |obj_t - obj_{t-1}| / |obj_t| <= δ (never on the first round)."""
+    if previous_objective is None:
+        return False
+    if objective == 0.0:
+        return previous_objective == 0.0
+    return abs(objective - previous_objective) / abs(objective) <= delta
+
+
 class VerticalStrategy(ClusteringStrategy):
     """Subclasses implement `initialised`, `view_payload`, `reply_spec` and `aggregate_views`."""
 
@@ -28,6 +37,7 @@ class VerticalStrategy(ClusteringStrategy):
         super().__init__(cfg)
         self.n_views: int | None = cfg.num_clients or None
         self.n_samples: int | None = None
+        self.objectives: list[float] = []  # one per update round
 
     # ---------------------------------------------------------------------------------------- hooks
     def initialised(self) -> bool:
@@ -42,6 +52,16 @@ class VerticalStrategy(ClusteringStrategy):
     ) -> np.ndarray:
         """Server update from one array per view (view order); returns the consensus labels."""
         raise NotImplementedError
+
+    def record_objective(self, objective: float) -> None:
+        """Keep this round's objective; finish when its relative change is <= delta (Alg. 2, line 14)."""
+        previous = self.objectives[-1] if self.objectives else None
+        self.objectives.append(objective)
+        if has_converged(previous, objective, self.cfg.delta):
+            self.finished, self.stop_reason = True, f"relative objective change <= delta={self.cfg.delta:g}"
+
+    def extra_summary(self) -> dict[str, Any]:
+        return {"objective_per_round": self.objectives}
 
     # ------------------------------------------------------------------------------------ protocol
     def fit_instructions(
