@@ -9,18 +9,14 @@ vectors and row gathers (Sec. IV-D), so one round costs O(k D_v N + k² N) time 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from clients.base import VerticalClient, label_dtype
-
-Scaling = Literal["none", "zscore", "minmax", "l2"]
-SCALINGS: tuple[Scaling, ...] = ("none", "zscore", "minmax", "l2")
+from fedapp.config import SCALINGS  # one list for run-config validation and the client
 
 
-def scale_view(X: np.ndarray, how: Scaling = "none") -> np.ndarray:
+def scale_view(X: np.ndarray, how: str = "none") -> np.ndarray:
     """Return a float64 copy of one view, scaled locally by its client (no statistics cross the wire).
 
     - ``"none"``: raw features, as in the paper; the best choice measured on HW and BDGP.

@@ -19,7 +19,7 @@ from fedapp.methods import METHODS, method_spec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "vertical")
-SCALINGS = ("none", "zscore", "minmax", "l2")
+SCALINGS = ("none", "zscore", "minmax", "l2")  # per-view scaling, see clients.cefmc.scale_view
 
 
 class ConfigError(ValueError):

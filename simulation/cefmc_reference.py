@@ -278,7 +278,7 @@ def run_reference(
     views: Sequence[np.ndarray],
     n_clusters: int,
     *,
-    scaling: cefmc_client.Scaling = "none",
+    scaling: str = "none",
     lam: float = 1.0,
     beta: float | None = None,
     mm_factor: float = 2.0,

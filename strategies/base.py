@@ -237,9 +237,8 @@ class ClusteringStrategy(Strategy):
         self._empty_rounds = 0
         try:
             return self.aggregate(server_round, consistent), stats
-        except (
-            ValueError
-        ) as exc:  # e.g. too few valid replies left for k clusters: skip the round, keep the run
+        except ValueError as exc:
+            # e.g. too few valid replies left for k clusters: skip the round, keep the run
             log(
                 WARNING,
                 "round %d: aggregation skipped (%s); the global model is unchanged",

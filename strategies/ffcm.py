@@ -75,8 +75,7 @@ class FFCMStrategy(ClusteringStrategy):
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
         if self.centres is None:
-            if self.k is None:
-                raise ValueError("k unknown: no client reported it")
+            assert self.k is not None  # _validated rejects every reply while k is unknown
             self.centres = merge_weighted_centres(
                 [r.arrays[0] for r in replies], [r.arrays[1] for r in replies], self.k, self.cfg.seed
             )

@@ -41,8 +41,7 @@ class KFedStrategy(ClusteringStrategy):
             raise ReplyError(f"{centres.shape[0]} centres but counts of shape {counts.shape}")
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
-        if self.k is None:
-            raise ValueError("k unknown: no client reported it")
+        assert self.k is not None  # _validated rejects every reply while k is unknown
         centres = merge_local_centres([reply.arrays[0] for reply in replies], self.k, self.cfg.seed)
         self.finished, self.stop_reason = True, "one-shot"
         log(
