@@ -20,6 +20,9 @@ class MethodSpec:
     strategy: str | None
     client: str | None
     vertical: bool = False
+    # dataset kinds this method can run on (see fedapp.data KINDS); horizontal vector methods take
+    # images flattened and multi-view sets with their views concatenated
+    modalities: tuple[str, ...] = ("vectors", "images", "multiview")
 
     @property
     def federated(self) -> bool:
@@ -48,6 +51,7 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.cefmc:CeFMCStrategy",
             "clients.cefmc:CeFMCClient",
             vertical=True,
+            modalities=("multiview",),
         ),
         MethodSpec(
             "cefmc-h",
@@ -55,6 +59,7 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.cefmc:CeFMCHStrategy",
             "clients.cefmc:CeFMCHClient",
             vertical=True,
+            modalities=("multiview",),
         ),
         MethodSpec(
             "fedcmv",
@@ -62,6 +67,7 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.fedcmv:FedCMvStrategy",
             "clients.fedcmv:FedCMvClient",
             vertical=True,
+            modalities=("multiview",),
         ),
         MethodSpec(
             "fedfcmv",
@@ -69,6 +75,7 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.fedcmv:FedFCMvStrategy",
             "clients.fedcmv:FedCMvClient",
             vertical=True,
+            modalities=("multiview",),
         ),
     )
 }
