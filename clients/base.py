@@ -64,9 +64,6 @@ class ClusteringClient(NumPyClient):
         return 0.0, self.data.n_samples, {"table": encode_table(table), **self.identity_metrics()}
 
 
-LABEL_HOLDER = 0  # vertical federation: the party whose copy of the labels scores the consensus
-
-
 class VerticalClient(ClusteringClient):
     """Base client for vertical methods: client v holds view v of all N samples (same sample order).
 
@@ -95,8 +92,3 @@ class VerticalClient(ClusteringClient):
         self.context.state[key] = ArrayRecord(
             {name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()}
         )
-
-
-def label_dtype(k: int) -> np.dtype:
-    """Smallest unsigned integer type for labels in [0, k): what crosses the wire for label vectors."""
-    return np.dtype(np.uint8 if k <= 256 else np.uint16 if k <= 65536 else np.int32)

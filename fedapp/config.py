@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from fedapp.methods import METHODS, method_spec
+from fedapp.preprocessing import SCALINGS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "vertical")
-SCALINGS = ("none", "zscore", "minmax", "l2")  # per-view scaling, see clients.cefmc.scale_view
 
 
 class ConfigError(ValueError):

@@ -16,6 +16,7 @@ import numpy as np
 from fedapp.config import RunConfig
 from fedapp.data import Dataset, load_dataset, resolve_data_dir
 from fedapp.partition import partition_indices, vertical_view
+from fedapp.preprocessing import scale_view
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,6 @@ def _local_view(
     partition_id: int,
     num_partitions: int,
 ) -> LocalData:
-    from clients.cefmc import scale_view  # the scaling lives with the CeFMC client maths
-
     data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
     view = scale_view(vertical_view(views_of(data), partition_id, num_partitions), scaling)
     return LocalData(view, data.y, data.n_classes, np.arange(data.n_samples))

@@ -19,6 +19,7 @@ from sklearn.cluster import KMeans
 
 from clients import cefmc as cefmc_client
 from clients import fedcmv as fedcmv_client
+from fedapp.preprocessing import scale_view
 from strategies import cefmc as cefmc_server
 from strategies import fedcmv as fedcmv_server
 from strategies.vertical import has_converged
@@ -292,7 +293,7 @@ def run_reference(
     """Scale every view on its own client (`scale_view`), then run `method` (one of `METHODS`)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    scaled = [cefmc_client.scale_view(X, scaling) for X in views]
+    scaled = [scale_view(X, scaling) for X in views]
     if method in ("cefmc", "cefmc-h"):
         runner = run_cefmc if method == "cefmc" else run_cefmc_h
         return runner(

@@ -9,7 +9,6 @@ the communication ledger, evaluation from summed contingency tables, and the run
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -34,27 +33,15 @@ from flwr.server.strategy import Strategy
 from fedapp.config import RunConfig
 from fedapp.ledger import CommLedger, mapping_nbytes, parameters_nbytes
 from fedapp.metrics import clustering_metrics, decode_table
+from fedapp.protocol import ArraySpec, ReplyError, check_arrays
 from fedapp.results import default_out_dir, write_run_outputs
 
 CLIENT_WAIT_S = 300
 MAX_EMPTY_ROUNDS = 3  # consecutive rounds without one valid reply end the run (clients are broken)
 
 
-class ReplyError(ValueError):
-    """A client reply that does not match what the protocol expects (rejected, never aggregated)."""
-
-
 class FederationError(RuntimeError):
     """The federation cannot proceed (e.g. too few clients connected)."""
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """Expected array in a reply: `shape` entries of None match any length; `kind` is a numpy dtype kind."""
-
-    name: str
-    shape: tuple[int | None, ...]
-    kind: str = "f"  # "f" float, "i" integer (signed or unsigned)
 
 
 @dataclass
@@ -66,22 +53,6 @@ class ClientReply:
     arrays: list[np.ndarray]
     num_examples: int
     metrics: dict[str, Scalar] = field(default_factory=dict)
-
-
-def check_arrays(arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> None:
-    """Raise ReplyError unless `arrays` match `specs` in count, rank, shape, dtype kind and finiteness."""
-    if len(arrays) != len(specs):
-        raise ReplyError(f"expected {len(specs)} arrays ({[s.name for s in specs]}), got {len(arrays)}")
-    for array, spec in zip(arrays, specs, strict=True):
-        if array.ndim != len(spec.shape) or any(
-            want is not None and got != want for got, want in zip(array.shape, spec.shape, strict=True)
-        ):
-            raise ReplyError(f"'{spec.name}' has shape {array.shape}, expected {spec.shape}")
-        kinds = "iu" if spec.kind == "i" else spec.kind
-        if array.dtype.kind not in kinds:
-            raise ReplyError(f"'{spec.name}' has dtype {array.dtype}, expected kind '{spec.kind}'")
-        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
-            raise ReplyError(f"'{spec.name}' contains NaN or infinite values")
 
 
 def consistent_replies(replies: list[ClientReply], server_round: int, axis: int = 1) -> list[ClientReply]:

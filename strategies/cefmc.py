@@ -25,9 +25,9 @@ from flwr.common import Scalar, log
 from scipy import sparse
 from sklearn.cluster import KMeans
 
-from clients.base import label_dtype
 from fedapp.config import RunConfig
-from strategies.base import ArraySpec, ClientReply, ReplyError
+from fedapp.protocol import ArraySpec, ReplyError, label_dtype
+from strategies.base import ClientReply
 from strategies.vertical import VerticalStrategy
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from flwr.common import Scalar
 
-from clients.base import label_dtype
 from fedapp.config import RunConfig
-from strategies.base import ArraySpec, ClientReply, ReplyError
+from fedapp.protocol import ArraySpec, ReplyError, label_dtype
+from strategies.base import ClientReply
 from strategies.vertical import VerticalStrategy
 
 

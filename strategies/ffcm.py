@@ -15,7 +15,8 @@ from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
 from fedapp.clustering import kmeans
 from fedapp.config import RunConfig
-from strategies.base import ArraySpec, ClientReply, ClusteringStrategy, ReplyError, consistent_replies
+from fedapp.protocol import ArraySpec, ReplyError
+from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
 
 def merge_weighted_centres(

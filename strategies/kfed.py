@@ -8,7 +8,8 @@ import numpy as np
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
 from fedapp.clustering import kmeans
-from strategies.base import ArraySpec, ClientReply, ClusteringStrategy, ReplyError, consistent_replies
+from fedapp.protocol import ArraySpec, ReplyError
+from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
 
 def merge_local_centres(local_centres: list[np.ndarray], k: int, seed: int) -> np.ndarray:

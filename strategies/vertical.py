@@ -16,9 +16,9 @@ import numpy as np
 from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from clients.base import LABEL_HOLDER, label_dtype
 from fedapp.config import RunConfig
-from strategies.base import ClientReply, ClusteringStrategy, ReplyError, consistent_replies
+from fedapp.protocol import LABEL_HOLDER, ReplyError, label_dtype
+from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
 
 def has_converged(previous_objective: float | None, objective: float, delta: float) -> bool:

@@ -12,6 +12,7 @@ from scipy.optimize import linear_sum_assignment
 from threadpoolctl import threadpool_limits
 
 from clients import cefmc as client
+from fedapp.preprocessing import SCALINGS, scale_view
 from simulation.cefmc_reference import run_cefmc, run_cefmc_h, run_reference
 from strategies import cefmc as server
 from strategies.vertical import has_converged
@@ -50,12 +51,12 @@ def _assert_non_decreasing(objectives: list[float]) -> None:
 # --------------------------------------------------------------------------- client maths
 
 
-@pytest.mark.parametrize("how", client.SCALINGS)
+@pytest.mark.parametrize("how", SCALINGS)
 def test_scale_view_is_a_local_copy(how):
     X = np.arange(12.0).reshape(4, 3)
     X[:, 2] = 5.0  # a constant feature must not produce NaNs
     X.setflags(write=False)
-    scaled = client.scale_view(X, how)
+    scaled = scale_view(X, how)
     assert scaled.dtype == np.float64 and np.all(np.isfinite(scaled))
     if how == "zscore":
         np.testing.assert_allclose(scaled.mean(axis=0), 0.0, atol=1e-12)
@@ -64,7 +65,7 @@ def test_scale_view_is_a_local_copy(how):
     if how == "l2":
         np.testing.assert_allclose(np.linalg.norm(scaled, axis=1), 1.0)
     with pytest.raises(ValueError, match="scaling"):
-        client.scale_view(X, "whiten")
+        scale_view(X, "whiten")
 
 
 def test_init_embedding_is_the_top_left_singular_subspace():

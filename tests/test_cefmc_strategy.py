@@ -34,13 +34,14 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from threadpoolctl import threadpool_limits
 
-from clients.base import LABEL_HOLDER, ClientConfigError, label_dtype
+from clients.base import ClientConfigError
 from clients.cefmc import CeFMCClient, client_round, client_round_full_representation, init_embedding
 from clients.fedcmv import init_centroids, squared_distances
 from fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedapp.data import resolve_data_dir
 from fedapp.metrics import clustering_metrics, contingency_table, encode_table
 from fedapp.partition import PartitionError
+from fedapp.protocol import LABEL_HOLDER, label_dtype
 from simulation.runner import build_overrides, count_views, execute
 from strategies.cefmc import (
     CeFMCHStrategy,
