@@ -13,7 +13,7 @@ from flwr.common import NDArrays, Scalar
 from scipy import sparse
 
 from clients.base import VerticalClient
-from strategies.fedcmv import choose_initial_samples
+from fedapp.methods.fedcmv import choose_initial_samples
 
 
 def init_centroids(X_v: np.ndarray, sample_indices: np.ndarray) -> np.ndarray:

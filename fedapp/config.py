@@ -1,170 +1,138 @@
 """Run configuration: one validated, typed view of Flower's `context.run_config`.
 
-The defaults live in exactly one place, `[tool.flwr.app.config]` of pyproject.toml (Flower merges them into
-`context.run_config`; the in-process engine and the runner read the same table). Every check here runs
-before round 1, on the server (`server_fn`) and in the runner, so a typo fails fast with a clear message.
+Common keys live in `[tool.flwr.app.config]`; a method's own keys in `[tool.flwr.app.config.<method>]`,
+which Flower flattens to dotted keys (`cefmc.lambda`). Both are declared in code as `ConfigSection`
+dataclasses (type, range, doc): the common ones here, each method's in `fedapp/methods/<method>.py`.
+pyproject.toml repeats the defaults because Flower rejects keys it was not told about; a test keeps the two
+identical (`python -m simulation methods --toml` prints the tables). Every check here runs before any
+process starts (in the runner and the deploy script) and again in `server_fn` before round 1.
 """
 
 from __future__ import annotations
 
-import math
-import tomllib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from functools import cache
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from fedapp.methods import METHODS, method_spec
+from fedapp.config_keys import ConfigError, ConfigSection, config_key, unknown_key_message
+from fedapp.methods import METHODS, config_tables, method_spec
 from fedapp.preprocessing import SCALINGS
+
+__all__ = ["ConfigError", "RunConfig", "default_run_config", "parse_run_config", "valid_keys"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "vertical")
-
-
-class ConfigError(ValueError):
-    """A run-config value is missing, of the wrong type or out of range."""
-
-
-@cache
-def default_run_config() -> dict[str, Any]:
-    """The `[tool.flwr.app.config]` table of pyproject.toml (shipped inside the FAB too)."""
-    path = PROJECT_ROOT / "pyproject.toml"
-    try:
-        with path.open("rb") as fh:
-            return dict(tomllib.load(fh)["tool"]["flwr"]["app"]["config"])
-    except (OSError, KeyError) as exc:
-        raise ConfigError(f"cannot read [tool.flwr.app.config] from {path}: {exc}") from exc
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+Section = TypeVar("Section", bound=ConfigSection)
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Validated run configuration (hyphenated Flower keys become snake_case attributes)."""
+class RunConfig(ConfigSection):
+    """The common keys (hyphenated Flower keys become snake_case attributes) + the method's own table."""
 
-    method: str
-    dataset: str
-    data_dir: str
-    num_clients: int
-    num_rounds: int
-    seed: int
-    partition: str
-    p: float
-    ratio: str
-    alpha: float
-    k: int
-    local_k: int
-    fuzziness: float
-    local_iters: int
-    max_samples: int
-    out_dir: str
-    lam: float
-    beta: float
-    delta: float
-    mm_factor: float
-    scaling: str
-    h_iters: int
-    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    method: str = config_key("kfed", doc="which method runs (`python -m simulation methods`)")
+    dataset: str = config_key(
+        "digits", doc="a registered dataset or mat:<path> (`python -m simulation datasets`)"
+    )
+    data_dir: str = config_key("", doc='dataset directory; "" -> $FEDAPP_DATA_DIR -> ../shared/data')
+    num_clients: int = config_key(
+        0, ge=0, doc="0: every connected SuperNode; N: wait for exactly N (deployment)"
+    )
+    num_rounds: int = config_key(5, ge=1, doc="server rounds (one-shot / converged methods stop earlier)")
+    seed: int = config_key(0, ge=0, doc="every random choice derives from it; same seed, same result")
+    partition: str = config_key(
+        "auto", choices=PARTITIONS, doc="auto: vertical for vertical methods, else iid"
+    )
+    p: float = config_key(0.0, ge=0.0, le=1.0, doc="p-heterogeneity of partition p-hetero (CCFC)")
+    ratio: str = config_key("6:4", doc="client size ratio of partition size-ratio (FSTC rho), e.g. 9:1")
+    alpha: float = config_key(0.5, gt=0.0, doc="Dirichlet label skew of partition dirichlet")
+    k: int = config_key(0, ge=0, doc="clusters; 0 = number of classes")
+    max_samples: int = config_key(0, ge=0, doc="> 0: a seeded class-stratified subsample (quick runs)")
+    scaling: str = config_key(
+        "none", choices=SCALINGS, doc="feature scaling each client applies to its own data"
+    )
+    out_dir: str = config_key("", doc='output directory; "" -> results/<method>-<dataset>-s<seed>')
+    device: str = config_key("auto", choices=DEVICES, doc="torch device; auto = cuda when available")
+    deterministic: bool = config_key(False, doc="torch deterministic algorithms (slower; bitwise repeatable)")
+    embedding_model: str = config_key(
+        DEFAULT_EMBEDDING_MODEL,
+        doc="sentence-transformers model name or path (default: the bundled all-MiniLM-L6-v2)",
+    )
+    method_config: ConfigSection | None = field(default=None, compare=True)
 
-    @property
-    def effective_beta(self) -> float:
-        """CeFMC's beta; the paper sets lambda = beta unless told otherwise."""
-        return self.lam if self.beta < 0 else self.beta
+    def params(self, kind: type[Section]) -> Section:
+        """The method's own keys, typed: `cfg.params(CeFMCConfig).lam`."""
+        if not isinstance(self.method_config, kind):
+            raise ConfigError(
+                f"method '{self.method}' has no {kind.__name__} (its keys: {self.method_config})"
+            )
+        return self.method_config
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved configuration, with Flower's key names, for summary.json."""
-        out = dict(self.raw)
-        out.update({k: v for k, v in asdict(self).items() if k != "raw"})
+        """The resolved configuration with Flower's key names (method keys dotted), for summary.json."""
+        out = self.to_flower()
+        if self.method_config is not None:
+            out.update(self.method_config.to_flower(method_spec(self.method).config_table))
         return out
 
 
-_KEYS: dict[str, tuple[str, type]] = {
-    "method": ("method", str),
-    "dataset": ("dataset", str),
-    "data-dir": ("data_dir", str),
-    "num-clients": ("num_clients", int),
-    "num-rounds": ("num_rounds", int),
-    "seed": ("seed", int),
-    "partition": ("partition", str),
-    "p": ("p", float),
-    "ratio": ("ratio", str),
-    "alpha": ("alpha", float),
-    "k": ("k", int),
-    "local-k": ("local_k", int),
-    "fuzziness": ("fuzziness", float),
-    "local-iters": ("local_iters", int),
-    "max-samples": ("max_samples", int),
-    "out-dir": ("out_dir", str),
-    "lambda": ("lam", float),
-    "beta": ("beta", float),
-    "delta": ("delta", float),
-    "mm-factor": ("mm_factor", float),
-    "scaling": ("scaling", str),
-    "h-iters": ("h_iters", int),
-}
+def default_run_config() -> dict[str, Any]:
+    """Every key's default, flattened as Flower flattens `[tool.flwr.app.config]` (method keys dotted)."""
+    out = RunConfig.defaults()
+    for table, section in config_tables().items():
+        out.update(section.defaults(table))
+    return out
 
 
-def _coerce(key: str, value: Any, kind: type) -> Any:
-    if kind is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"run-config '{key}' must be a string, got {value!r}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"run-config '{key}' must be a number, got {value!r}")
-    if kind is int:
-        if not math.isfinite(value) or float(value) != int(value):
-            raise ConfigError(f"run-config '{key}' must be an integer, got {value!r}")
-        return int(value)
-    return float(value)
+def valid_keys() -> list[str]:
+    return sorted(default_run_config())
 
 
 def parse_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """Merge `overrides` over pyproject's defaults, type-check and range-check everything."""
-    raw = dict(default_run_config())
-    unknown = sorted(set(overrides or {}) - set(raw))
-    if unknown:
-        raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: {sorted(raw)}")
-    raw.update(overrides or {})
-    values = {attr: _coerce(key, raw[key], kind) for key, (attr, kind) in _KEYS.items()}
-    if values["partition"] == "auto" and values["method"] in METHODS:
-        values["partition"] = "vertical" if METHODS[values["method"]].vertical else "iid"
-    cfg = RunConfig(**values, raw=raw)
+    """Check `overrides` (Flower keys; a full `context.run_config` or just the changes) and resolve them.
+
+    Unknown keys name the nearest valid one. A key of another method's table is an error unless it still
+    holds its default (Flower hands every run the defaults of every table).
+    """
+    raw = dict(overrides or {})
+    defaults = default_run_config()
+    method = raw.get("method", defaults["method"])
+    if not isinstance(method, str):
+        raise ConfigError(f"run-config 'method' must be a string, got {method!r}")
+    if method not in METHODS:
+        raise ConfigError(f"unknown method '{method}'; choose one of {sorted(METHODS)}")
+    spec = method_spec(method)
+    own_table = spec.config_table if spec.config is not None else None
+    for key in raw:
+        if key not in defaults:
+            raise ConfigError(unknown_key_message(key, defaults, prefer=own_table))
+    common = {key: value for key, value in raw.items() if "." not in key}
+    own: dict[str, Any] = {}
+    for key, value in raw.items():
+        table, dot, name = key.partition(".")
+        if not dot:
+            continue
+        if table == own_table:
+            own[name] = value
+        elif value != defaults[key]:
+            owners = sorted(m for m, s in METHODS.items() if s.config is not None and s.config_table == table)
+            raise ConfigError(
+                f"run-config '{key}' belongs to method {' / '.join(owners)}, but the method is '{method}'"
+            )
+    method_config = spec.config.parse(own, own_table) if spec.config is not None else None
+    cfg = RunConfig.parse(common, method_config=method_config)
+    if cfg.partition == "auto":
+        cfg = replace(cfg, partition="vertical" if spec.vertical else "iid")
     _validate(cfg)
     return cfg
 
 
 def _validate(cfg: RunConfig) -> None:
-    if cfg.method not in METHODS:
-        raise ConfigError(f"unknown method '{cfg.method}'; choose one of {sorted(METHODS)}")
+    """Checks that involve more than one key."""
     if not cfg.dataset:
         raise ConfigError("run-config 'dataset' is empty")
-    checks: list[tuple[bool, str]] = [
-        (
-            cfg.num_clients >= 0,
-            f"'num-clients' must be >= 0 (0 = every connected SuperNode), got {cfg.num_clients}",
-        ),
-        (cfg.num_rounds >= 1, f"'num-rounds' must be >= 1, got {cfg.num_rounds}"),
-        (cfg.seed >= 0, f"'seed' must be >= 0, got {cfg.seed}"),
-        (cfg.partition in PARTITIONS, f"unknown partition '{cfg.partition}'; choose one of {PARTITIONS}"),
-        (0.0 <= cfg.p <= 1.0, f"'p' must be in [0, 1], got {cfg.p}"),
-        (cfg.alpha > 0, f"'alpha' must be > 0, got {cfg.alpha}"),
-        (cfg.k >= 0, f"'k' must be >= 0 (0 = number of classes), got {cfg.k}"),
-        (cfg.local_k >= 0, f"'local-k' must be >= 0 (0 = k), got {cfg.local_k}"),
-        (cfg.fuzziness > 1.0, f"'fuzziness' must be > 1, got {cfg.fuzziness}"),
-        (cfg.local_iters >= 1, f"'local-iters' must be >= 1, got {cfg.local_iters}"),
-        (cfg.max_samples >= 0, f"'max-samples' must be >= 0, got {cfg.max_samples}"),
-        (cfg.lam >= 0, f"'lambda' must be >= 0, got {cfg.lam}"),
-        (cfg.delta >= 0, f"'delta' must be >= 0, got {cfg.delta}"),
-        (cfg.mm_factor > 0, f"'mm-factor' must be > 0, got {cfg.mm_factor}"),
-        (cfg.scaling in SCALINGS, f"unknown scaling '{cfg.scaling}'; choose one of {SCALINGS}"),
-        (cfg.h_iters >= 1, f"'h-iters' must be >= 1, got {cfg.h_iters}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    for key, (attr, kind) in _KEYS.items():
-        value = getattr(cfg, attr)
-        if kind is float and not math.isfinite(value):
-            raise ConfigError(f"run-config '{key}' must be a finite number, got {value!r}")
     spec = method_spec(cfg.method)
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"

@@ -41,7 +41,8 @@ def load_run_dataset(cfg: RunConfig) -> Dataset:
 
 
 def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
-    """This client's horizontal partition (vector features: a multi-view set's views concatenated)."""
+    """This client's horizontal partition (vector features: a multi-view set's views concatenated),
+    scaled by the client on its own rows per `cfg.scaling` ("none" keeps the dataset's arrays as they are)."""
     return _local_partition(
         cfg.dataset,
         cfg.data_dir,
@@ -51,6 +52,7 @@ def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> L
         cfg.p,
         cfg.ratio,
         cfg.alpha,
+        cfg.scaling,
         partition_id,
         num_partitions,
     )
@@ -66,6 +68,7 @@ def _local_partition(
     p: float,
     ratio: str,
     alpha: float,
+    scaling: str,
     partition_id: int,
     num_partitions: int,
 ) -> LocalData:
@@ -75,7 +78,8 @@ def _local_partition(
         raise ValueError(f"dataset '{dataset}' has no vector features (kind '{data.kind}')")
     parts = partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha)
     idx = parts[partition_id]
-    return LocalData(data.features[idx], data.y[idx], data.n_classes, idx)
+    features = data.features[idx] if scaling == "none" else scale_view(data.features[idx], scaling)
+    return LocalData(features, data.y[idx], data.n_classes, idx)
 
 
 def local_view(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:

@@ -15,6 +15,12 @@ from pathlib import Path
 from typing import Any
 
 METRIC_KEYS = ("acc", "nmi", "ari", "purity", "kappa")
+PROGRESS_MARKER = "[fedapp]"  # log lines the runners show on the terminal (the rest goes to the log file)
+
+
+def progress_text(line: str) -> str:
+    """The text after the progress marker (drops Flower's `INFO :` prefix and the marker itself)."""
+    return line.split(PROGRESS_MARKER, 1)[-1].strip()
 
 
 def default_out_dir(method: str, dataset: str, seed: int) -> Path:

@@ -9,6 +9,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedapp.config import ConfigError, parse_run_config
 from fedapp.methods import load_class, method_spec
+from fedapp.results import PROGRESS_MARKER
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -23,7 +24,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     strategy = load_class(spec.strategy)(cfg)
     log(
         INFO,
-        "fedapp: method=%s dataset=%s clients=%d rounds=%d seed=%d out-dir=%s",
+        "%s %s on %s: clients=%d rounds=%d seed=%d out-dir=%s",
+        PROGRESS_MARKER,
         cfg.method,
         cfg.dataset,
         cfg.num_clients,

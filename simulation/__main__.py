@@ -6,12 +6,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedapp.config import ConfigError
+from fedapp.config import DEVICES, ConfigError
 from fedapp.data import DatasetError, available_datasets
 from fedapp.methods import METHODS
 from fedapp.results import format_metrics_table
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
-from simulation.runner import ENGINES, RunError, build_overrides, execute, parse_set_options
+from simulation.listing import describe_methods, render_config_toml
+from simulation.presets import apply_preset
+from simulation.runner import (
+    DEFAULT_CPUS_PER_CLIENT,
+    ENGINES,
+    ClientResources,
+    RunError,
+    build_overrides,
+    execute,
+    parse_set_options,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,19 +29,33 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment and write DIR/summary.json")
-    run.add_argument("--method", required=True, help=f"one of {sorted(METHODS)}")
-    run.add_argument("--dataset", required=True, help="see `python -m simulation datasets`")
+    run.add_argument("--method", help=f"one of {sorted(METHODS)} (or taken from --preset)")
+    run.add_argument("--dataset", help="see `python -m simulation datasets` (default: preset's, else digits)")
+    run.add_argument("--preset", help="named run-config values (see `python -m simulation methods`)")
     run.add_argument("--clients", type=int, help="number of clients (SuperNodes)")
     run.add_argument("--rounds", type=int, help="number of rounds")
     run.add_argument("--seed", type=int, help="run seed")
     run.add_argument("--partition", help="iid | p-hetero | size-ratio | dirichlet | vertical")
     run.add_argument("--data-dir", help="dataset directory (default: $FEDAPP_DATA_DIR or ../shared/data)")
+    run.add_argument("--device", choices=DEVICES, help="torch device for the clients (default auto)")
     run.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="any run-config key from pyproject.toml, e.g. --set p=0.5 --set local-k=20",
+        help="any run-config key, e.g. --set p=0.5 --set kfed.local-k=20 (`python -m simulation methods`)",
+    )
+    run.add_argument(
+        "--cpus-per-client",
+        type=int,
+        default=DEFAULT_CPUS_PER_CLIENT,
+        help="Ray simulation: CPUs reserved per client (client-resources-num-cpus); default 1",
+    )
+    run.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        help="Ray simulation: GPU share per client (client-resources-num-gpus); 0.1 = 10 clients per GPU",
     )
     run.add_argument(
         "--engine",
@@ -47,7 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     experiment.add_argument("--engine", choices=ENGINES, help="override the file's engine")
 
     sub.add_parser("datasets", help="list registered datasets")
-    sub.add_parser("methods", help="list methods")
+    methods = sub.add_parser("methods", help="list methods with their config keys, defaults and presets")
+    methods.add_argument("name", nargs="?", help="one method only")
+    methods.add_argument(
+        "--toml", action="store_true", help="print the [tool.flwr.app.config] tables pyproject.toml must hold"
+    )
     return parser
 
 
@@ -58,20 +86,25 @@ def main(argv: list[str] | None = None) -> int:
             for name, description in available_datasets().items():
                 print(f"{name:16s} {description}")
         elif args.command == "methods":
-            for spec in METHODS.values():
-                print(f"{spec.name:10s} {spec.description}")
+            print(render_config_toml() if args.toml else describe_methods(args.name))
         elif args.command == "run":
-            base = {"method": args.method, "dataset": args.dataset}
+            if not args.method and not args.preset:
+                raise ConfigError("give --method (or a --preset that names one)")
             optional = {
+                "method": args.method,
+                "dataset": args.dataset,
                 "num-clients": args.clients,
                 "num-rounds": args.rounds,
                 "seed": args.seed,
                 "partition": args.partition,
                 "data-dir": args.data_dir,
+                "device": args.device,
             }
-            base.update({key: value for key, value in optional.items() if value is not None})
+            base = {key: value for key, value in optional.items() if value is not None}
             base.update(parse_set_options(args.set))
-            summary = execute(build_overrides(base, args.out), args.engine)
+            base = apply_preset(args.preset, base)
+            resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
+            summary = execute(build_overrides(base, args.out), args.engine, resources=resources)
             print()
             print(format_metrics_table([summary]))
             print(f"\nwrote {args.out / 'summary.json'}")

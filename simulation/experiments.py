@@ -15,6 +15,8 @@ File layout (see simulation/experiments/*.toml):
     label = "k-FED p=0"           # a row of the table
     method = "kfed"               # any other key is a run-config override
     p = 0.0
+    kfed.local-k = 20             # a method's own keys: dotted (or a [runs.kfed] table)
+    preset = "cefmc-paper"        # optional: a named preset under the run's own keys
     paper = { nmi = 0.5081, kappa = 0.5026 }   # optional: the paper's numbers, shown beside ours
 """
 
@@ -28,6 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flwr.common.config import flatten_dict
+
+from fedapp.config import ConfigError, parse_run_config
+from simulation.presets import apply_preset
 from simulation.runner import build_overrides, execute
 
 DEFAULT_METRICS = ("acc", "nmi", "ari", "purity", "kappa")
@@ -67,7 +73,14 @@ def load_experiment(path: Path) -> Experiment:
         entry = dict(entry)
         label = str(entry.pop("label", f"run{index}"))
         paper = {str(k): float(v) for k, v in dict(entry.pop("paper", {})).items()}
-        runs.append(RunSpec(label, {**defaults, **entry}, paper))
+        preset = entry.pop("preset", defaults.get("preset"))
+        keys = flatten_dict({k: v for k, v in {**defaults, **entry}.items() if k != "preset"})
+        try:  # every run's configuration is checked before the first run starts
+            overrides = apply_preset(preset, keys)
+            parse_run_config(overrides)
+        except ConfigError as exc:
+            raise ExperimentError(f"{path}: run '{label}': {exc}") from None
+        runs.append(RunSpec(label, overrides, paper))
     return Experiment(
         name=str(head.get("name", path.stem)),
         engine=str(head.get("engine", "inprocess")),

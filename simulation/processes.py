@@ -7,6 +7,7 @@ spawned (flower-superexec, flwr-serverapp/-clientapp, flwr-simulation).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -95,3 +96,31 @@ def start_logged(command: list[str], env: dict[str, str], log_path: Path) -> sub
         return subprocess.Popen(
             command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def run_filtered(
+    command: list[str], env: dict[str, str], log_path: Path, *, quiet: bool, cwd: Path | None = None
+) -> int:
+    """Run `command`; every output line (ANSI codes removed) goes to `log_path`, progress lines to stdout.
+
+    Progress lines are those the strategy marks with `fedapp.results.PROGRESS_MARKER`; Flower's own
+    chatter (history dumps, per-round sampling notes, repeated warnings) stays in the log file.
+    """
+    from fedapp.results import PROGRESS_MARKER, progress_text
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(
+            command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert process.stdout is not None
+        for line in process.stdout:
+            clean = _ANSI.sub("", line)
+            log_file.write(clean)
+            log_file.flush()
+            if not quiet and PROGRESS_MARKER in clean:
+                print(progress_text(clean), flush=True)
+        return process.wait()

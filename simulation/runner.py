@@ -11,11 +11,11 @@ Centralized references (method `kmeans`) run directly, without Flower.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from simulation.processes import (
     console_script,
     flower_env,
     free_port,
+    run_filtered,
     start_logged,
     stop_process,
     wait_for_health,
@@ -38,6 +39,59 @@ from simulation.processes import (
 ENGINES = ("flwr", "inprocess")
 SUPERLINK_START_TIMEOUT_S = 60
 DEFAULT_CLIENTS = 10
+DEFAULT_CPUS_PER_CLIENT = 1
+LOG_NAME = "flower.log"  # everything Flower prints goes here; the terminal gets one line per round
+
+
+@dataclass(frozen=True)
+class ClientResources:
+    """What Ray reserves per simulated client: `client-resources-num-cpus` / `-num-gpus`.
+
+    Ray runs as many clients at once as the machine's CPUs (and GPUs) allow: 1 CPU per client on 2 cores
+    means 2 clients at a time; `gpus=0.1` lets 10 clients share one GPU.
+    """
+
+    cpus: int = DEFAULT_CPUS_PER_CLIENT
+    gpus: float = 0.0
+
+    def federation_config(self, num_clients: int) -> str:
+        """The `flwr run --federation-config` value for a simulation of `num_clients` SuperNodes."""
+        return (
+            f"num-supernodes={num_clients} client-resources-num-cpus={self.cpus} "
+            f"client-resources-num-gpus={self.gpus:g}"
+        )
+
+    def validate(self, cpu_count: int | None = None, gpu_count: int | None = None) -> None:
+        """Refuse what Ray could never schedule (it would wait forever instead of failing)."""
+        import os
+
+        if cpu_count is None:
+            cpu_count = os.cpu_count() or 1
+        if float(self.cpus) != int(self.cpus) or self.cpus < 1:
+            raise ConfigError(f"--cpus-per-client must be a whole number >= 1, got {self.cpus}")
+        if self.cpus > cpu_count:
+            raise ConfigError(f"--cpus-per-client {self.cpus} exceeds the {cpu_count} CPUs of this machine")
+        if self.gpus < 0:
+            raise ConfigError(f"--gpus-per-client must be >= 0, got {self.gpus:g}")
+        if self.gpus > 0:
+            if gpu_count is None:
+                gpu_count = cuda_device_count()
+            if gpu_count == 0:
+                raise ConfigError(
+                    f"--gpus-per-client {self.gpus:g} but no CUDA GPU is visible on this machine "
+                    "(Ray would never schedule a client); use --gpus-per-client 0"
+                )
+            if self.gpus > gpu_count:
+                raise ConfigError(f"--gpus-per-client {self.gpus:g} exceeds the {gpu_count} GPU(s) here")
+
+
+def cuda_device_count() -> int:
+    """CUDA devices torch sees (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class RunError(ProcessError):
@@ -92,49 +146,101 @@ def count_views(overrides: Mapping[str, Any]) -> int:
         raise ConfigError(str(exc)) from None
 
 
-def execute(overrides: Mapping[str, Any], engine: str = "flwr", *, quiet: bool = False) -> dict[str, Any]:
-    """Validate, run, and return the parsed summary.json."""
+def execute(
+    overrides: Mapping[str, Any],
+    engine: str = "flwr",
+    *,
+    quiet: bool = False,
+    resources: ClientResources | None = None,
+) -> dict[str, Any]:
+    """Validate, run, and return the parsed summary.json.
+
+    The terminal gets one line per round (unless `quiet`); everything Flower prints goes to
+    `<out-dir>/flower.log`.
+    """
     import json
 
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
     cfg = parse_run_config(overrides)  # fails before any process starts
+    resources = resources or ClientResources()
+    resources.validate()
+    if cfg.device == "cuda" and cuda_device_count() == 0:
+        raise ConfigError("run-config device='cuda' but no CUDA GPU is visible on this machine")
     out_dir = Path(cfg.out_dir)
     summary_path = out_dir / "summary.json"
     if summary_path.exists():
         summary_path.unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / LOG_NAME
     if not method_spec(cfg.method).federated:
         from fedapp.centralized import run_centralized
 
         run_centralized(cfg)
     elif engine == "inprocess":
-        _run_inprocess(cfg, overrides, quiet=quiet)
+        _run_inprocess(cfg, overrides, log_path, quiet=quiet)
     else:
-        _run_flwr(overrides, cfg.num_clients, quiet=quiet)
+        _run_flwr(overrides, cfg.num_clients, resources, log_path, quiet=quiet)
     if not summary_path.exists():
-        raise RunError(f"the run wrote no {summary_path}; see the log above")
+        raise RunError(f"the run wrote no {summary_path}; see {log_path}\n{_log_tail(log_path)}")
     summary = json.loads(summary_path.read_text())
     if not summary.get("metrics"):
-        raise RunError(f"{summary_path} has no metrics (every client failed?); see the log above")
+        raise RunError(f"{summary_path} has no metrics (every client failed?); see {log_path}")
     return summary
 
 
-def _run_inprocess(cfg: RunConfig, overrides: Mapping[str, Any], *, quiet: bool) -> None:
-    import logging
+def _log_tail(log_path: Path, lines: int = 25) -> str:
+    """The last lines of the run's log, for an error message."""
+    if not log_path.exists():
+        return ""
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    from flwr.common.logger import FLOWER_LOGGER
 
+def _run_inprocess(cfg: RunConfig, overrides: Mapping[str, Any], log_path: Path, *, quiet: bool) -> None:
     from fedapp.client_app import client_fn
     from fedapp.inprocess import run_inprocess
     from fedapp.server_app import server_fn
 
-    previous = FLOWER_LOGGER.level
-    if quiet:
-        FLOWER_LOGGER.setLevel(logging.WARNING)
-    try:
+    with flower_log_to_file(log_path, quiet=quiet):
         run_inprocess(server_fn, client_fn, overrides, cfg.num_clients)
+
+
+@contextmanager
+def flower_log_to_file(log_path: Path, *, quiet: bool) -> Iterator[None]:
+    """Flower's logger writes to `log_path` only; the terminal gets the per-round progress lines."""
+    import logging
+    import sys
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedapp.results import PROGRESS_MARKER
+
+    saved = (list(FLOWER_LOGGER.handlers), FLOWER_LOGGER.level)
+    file_handler = logging.FileHandler(log_path, mode="w")
+    file_handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s: %(message)s"))
+    handlers: list[logging.Handler] = [file_handler]
+    if not quiet:
+        console = logging.StreamHandler(sys.stdout)
+        console.addFilter(lambda record: PROGRESS_MARKER in record.getMessage())
+        console.setFormatter(_ProgressFormatter())
+        handlers.append(console)
+    FLOWER_LOGGER.handlers = handlers
+    FLOWER_LOGGER.setLevel(logging.INFO)
+    try:
+        yield
     finally:
-        FLOWER_LOGGER.setLevel(previous)
+        file_handler.close()
+        FLOWER_LOGGER.handlers, level = saved
+        FLOWER_LOGGER.setLevel(level)
+
+
+class _ProgressFormatter:
+    """Only the text after the progress marker."""
+
+    def format(self, record: Any) -> str:
+        from fedapp.results import progress_text
+
+        return progress_text(record.getMessage())
 
 
 @contextmanager
@@ -166,13 +272,15 @@ def local_simulation_superlink(flwr_home: Path, env: dict[str, str]):
         stop_process(process)
 
 
-def _run_flwr(overrides: Mapping[str, Any], num_clients: int, *, quiet: bool) -> None:
+def _run_flwr(
+    overrides: Mapping[str, Any], num_clients: int, resources: ClientResources, log_path: Path, *, quiet: bool
+) -> None:
     flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
     try:
         env = flower_env(flwr_home)
         run_config = flwr_home / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(overrides)))
-        federation = f"num-supernodes={num_clients} client-resources-num-cpus=1"
+        federation = resources.federation_config(num_clients)
         with local_simulation_superlink(flwr_home, env):
             command = [
                 console_script("flwr"),
@@ -184,16 +292,8 @@ def _run_flwr(overrides: Mapping[str, Any], num_clients: int, *, quiet: bool) ->
                 "--run-config",
                 str(run_config),
             ]
-            result = subprocess.run(
-                command,
-                env=env,
-                cwd=PROJECT_ROOT,
-                text=True,
-                stdout=subprocess.PIPE if quiet else None,
-                stderr=subprocess.STDOUT,
-            )
-        if result.returncode != 0:
-            tail = (result.stdout or "")[-3000:] if quiet else ""
-            raise RunError(f"flwr run exited with code {result.returncode}\n{tail}")
+            returncode = run_filtered(command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT)
+        if returncode != 0:
+            raise RunError(f"flwr run exited with code {returncode}; see {log_path}\n{_log_tail(log_path)}")
     finally:
         shutil.rmtree(flwr_home, ignore_errors=True)

@@ -34,7 +34,7 @@ from fedapp.config import RunConfig
 from fedapp.ledger import CommLedger, mapping_nbytes, parameters_nbytes
 from fedapp.metrics import clustering_metrics, decode_table
 from fedapp.protocol import ArraySpec, ReplyError, check_arrays
-from fedapp.results import default_out_dir, write_run_outputs
+from fedapp.results import PROGRESS_MARKER, default_out_dir, write_run_outputs
 
 CLIENT_WAIT_S = 300
 MAX_EMPTY_ROUNDS = 3  # consecutive rounds without one valid reply end the run (clients are broken)
@@ -82,6 +82,7 @@ class ClusteringStrategy(Strategy):
     """Base class: see the module docstring. Subclasses implement `reply_spec` and `aggregate`."""
 
     method = "base"
+    headline_metrics: tuple[str, ...] = ("acc", "nmi")  # shown in the one-line-per-round progress
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
@@ -101,6 +102,9 @@ class ClusteringStrategy(Strategy):
         self._final_evaluated = False
         self._empty_rounds = 0
         self._started = time.perf_counter()
+        self._round_started: dict[int, float] = {}  # rounds in which clients were asked to fit
+        self._fit_stats: dict[int, dict[str, Scalar]] = {}
+        self._reported: set[int] = set()
 
     # ----------------------------------------------------------------------------------------- hooks
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
@@ -163,6 +167,8 @@ class ClusteringStrategy(Strategy):
         if self.finished:
             return []
         instructions = self.fit_instructions(server_round, parameters, self._clients(client_manager))
+        if instructions:
+            self._round_started[server_round] = time.perf_counter()
         for client, ins in instructions:
             down = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)
             self.ledger.record(server_round, client.cid, "fit", down=down)
@@ -196,6 +202,7 @@ class ClusteringStrategy(Strategy):
             "rejected": rejected,
             "failures": len(failures),
         }
+        self._fit_stats[server_round] = stats
         if not consistent:
             log(WARNING, "round %d: no valid client reply; the global model is unchanged", server_round)
             self._empty_rounds += 1
@@ -241,6 +248,7 @@ class ClusteringStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if self._final_evaluated or not parameters.tensors:
+            self.report_round(server_round)
             return []
         ins = EvaluateIns(parameters, {"server-round": server_round})
         instructions = [(client, ins) for client in self.evaluation_clients(self._clients(client_manager))]
@@ -281,6 +289,7 @@ class ClusteringStrategy(Strategy):
                 total = table if total is None else total + table
         if total is None:
             log(WARNING, "round %d: no valid evaluation reply", server_round)
+            self.report_round(server_round)
             return None, {}
         metrics = clustering_metrics(total)
         self.final_metrics = metrics
@@ -298,10 +307,31 @@ class ClusteringStrategy(Strategy):
             server_round,
             "  ".join(f"{key}={100 * value:.2f}" for key, value in metrics.items()),
         )
+        self.report_round(server_round, metrics)
         if self.finished:
             self._final_evaluated = True
         self.write_outputs()
         return None, dict(metrics)
+
+    def report_round(self, server_round: int, metrics: dict[str, float] | None = None) -> None:
+        """One progress line per round that did work: round, seconds, headline metrics, bytes, clients."""
+        if server_round in self._reported or server_round not in self._round_started:
+            return
+        self._reported.add(server_round)
+        seconds = time.perf_counter() - self._round_started[server_round]
+        traffic = self.ledger.round_totals().get(server_round, {"up": 0, "down": 0})
+        stats = self._fit_stats.get(server_round, {})
+        parts = [f"round {server_round}/{self.cfg.num_rounds}", f"{seconds:6.2f} s"]
+        if metrics:
+            parts.append(" ".join(f"{key} {100 * metrics[key]:.2f}" for key in self.headline_metrics))
+        parts.append(f"up {_human_bytes(traffic['up'])} down {_human_bytes(traffic['down'])}")
+        if stats:
+            answered = int(stats["accepted"]) + int(stats["rejected"]) + int(stats["failures"])
+            clients = f"{stats['accepted']}/{answered} clients"
+            if stats["rejected"] or stats["failures"]:
+                clients += f" ({stats['rejected']} rejected, {stats['failures']} failed)"
+            parts.append(clients)
+        log(INFO, "%s %s", PROGRESS_MARKER, " | ".join(parts))
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         return None  # no server-side data: evaluation is federated (contingency tables)
@@ -325,6 +355,13 @@ class ClusteringStrategy(Strategy):
 
     def write_outputs(self) -> None:
         write_run_outputs(self.out_dir, self.summary(), self.history)
+
+
+def _human_bytes(count: int) -> str:
+    for unit, size in (("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
 
 
 def _modal(values: list[Any]) -> Any:

@@ -26,6 +26,7 @@ from scipy import sparse
 from sklearn.cluster import KMeans
 
 from fedapp.config import RunConfig
+from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.protocol import ArraySpec, ReplyError, label_dtype
 from strategies.base import ClientReply
 from strategies.vertical import VerticalStrategy
@@ -240,6 +241,7 @@ class CeFMCStrategy(VerticalStrategy):
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
+        self.params = cfg.params(CeFMCConfig)
         self.y: np.ndarray | None = None
         self.C: np.ndarray | None = None
         self.C_views: list[np.ndarray] = []  # the fixed C_v = C̄_v^(0) (Eq. 24), kept from initialisation
@@ -249,11 +251,14 @@ class CeFMCStrategy(VerticalStrategy):
         return {
             **super().fit_config(server_round),
             "phase": "init" if self.C is None else "update",
-            "lambda": self.cfg.lam,
-            "beta": self.cfg.effective_beta,
-            "mm-factor": self.cfg.mm_factor,
-            "h-iters": self.cfg.h_iters,
+            "lambda": self.params.lam,
+            "beta": self.params.effective_beta,
+            "mm-factor": self.params.mm_factor,
+            "h-iters": self.params.h_iters,
         }
+
+    def stop_delta(self) -> float:
+        return self.params.delta
 
     def view_payload(self, view: int) -> list[np.ndarray]:
         assert self.y is not None and self.C is not None
@@ -276,7 +281,7 @@ class CeFMCStrategy(VerticalStrategy):
             raise ReplyError(f"metrics need a finite float 'objective' (obj_v, Eq. 30), got {objective!r}")
 
     def aggregate_views(self, round_number: int, arrays: list[np.ndarray], metrics: list[dict]) -> np.ndarray:
-        beta = self.cfg.effective_beta
+        beta = self.params.effective_beta
         if self.C is None:
             assert self.k is not None
             self.y, self.C = initialise_consensus(arrays, self.k, seed=self.cfg.seed)

@@ -16,16 +16,10 @@ import numpy as np
 from flwr.common import Scalar
 
 from fedapp.config import RunConfig
+from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.protocol import ArraySpec, ReplyError, label_dtype
 from strategies.base import ClientReply
 from strategies.vertical import VerticalStrategy
-
-
-def choose_initial_samples(n_samples: int, k: int, seed: int = 0) -> np.ndarray:
-    """k distinct sample indices drawn uniformly with a seeded generator (the initial global centroids)."""
-    if not 1 <= k <= n_samples:
-        raise ValueError(f"k must be in [1, n_samples={n_samples}], got {k}")
-    return np.sort(np.random.default_rng(seed).choice(n_samples, size=k, replace=False)).astype(np.int64)
 
 
 def sum_distances(distance_views: Sequence[np.ndarray]) -> np.ndarray:
@@ -98,22 +92,29 @@ class FedCMvStrategy(VerticalStrategy):
     sends the labels back; stops on the relative objective change <= delta (as CeFMC)."""
 
     method = "fedcmv"
-    fuzzy = False
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
+        self.params = cfg.params(FedCMvConfig)
+        self.fuzzifier: float | None = None  # FedFCMv's m; None: hard assignments
         self.assignment: np.ndarray | None = None
+
+    def stop_delta(self) -> float:
+        return self.params.delta
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         phase = "init" if self.assignment is None else "update"
-        return {**super().fit_config(server_round), "phase": phase, "fuzziness": self.cfg.fuzziness}
+        config = {**super().fit_config(server_round), "phase": phase}
+        if self.fuzzifier is not None:
+            config["fuzziness"] = self.fuzzifier
+        return config
 
     def initialised(self) -> bool:
         return self.assignment is not None
 
     def view_payload(self, view: int) -> list[np.ndarray]:
         assert self.assignment is not None and self.k is not None
-        if self.fuzzy:
+        if self.fuzzifier is not None:
             return [self.assignment]
         return [self.assignment.astype(label_dtype(self.k))]
 
@@ -128,7 +129,7 @@ class FedCMvStrategy(VerticalStrategy):
         self, round_number: int, arrays: list[np.ndarray], metrics: list[dict[str, Any]]
     ) -> np.ndarray:
         labels, self.assignment, objective = server_round(
-            arrays, fuzzy=self.fuzzy, fuzzifier=self.cfg.fuzziness
+            arrays, fuzzy=self.fuzzifier is not None, fuzzifier=self.fuzzifier or 2.0
         )
         self.record_objective(objective)
         return labels
@@ -138,4 +139,7 @@ class FedFCMvStrategy(FedCMvStrategy):
     """FedFCMv: fuzzy memberships (fuzzifier `fuzziness`) instead of hard labels."""
 
     method = "fedfcmv"
-    fuzzy = True
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        self.fuzzifier = cfg.params(FedFCMvConfig).fuzziness

@@ -15,6 +15,7 @@ from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
 from fedapp.clustering import kmeans
 from fedapp.config import RunConfig
+from fedapp.methods.ffcm import FFCMConfig
 from fedapp.protocol import ArraySpec, ReplyError
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
@@ -47,6 +48,7 @@ class FFCMStrategy(ClusteringStrategy):
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
+        self.params = cfg.params(FFCMConfig)
         self.centres: np.ndarray | None = None
         self.shifts: list[float] = []
 
@@ -55,8 +57,8 @@ class FFCMStrategy(ClusteringStrategy):
         return {
             **super().fit_config(server_round),
             "phase": phase,
-            "fuzziness": self.cfg.fuzziness,
-            "local-iters": self.cfg.local_iters,
+            "fuzziness": self.params.fuzziness,
+            "local-iters": self.params.local_iters,
         }
 
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
@@ -85,7 +87,7 @@ class FFCMStrategy(ClusteringStrategy):
             updated = centres_from_sums([r.arrays[0] for r in replies], [r.arrays[1] for r in replies])
             self.shifts.append(relative_shift(self.centres, updated))
             self.centres = updated
-            if self.shifts[-1] <= self.cfg.delta:
+            if self.shifts[-1] <= self.params.delta:
                 self.finished, self.stop_reason = (
                     True,
                     f"relative centre shift {self.shifts[-1]:.2e} <= delta",

@@ -8,6 +8,7 @@ import numpy as np
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
 from fedapp.clustering import kmeans
+from fedapp.methods.kfed import KFedConfig
 from fedapp.protocol import ArraySpec, ReplyError
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
@@ -27,7 +28,8 @@ class KFedStrategy(ClusteringStrategy):
     method = "kfed"
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
-        return {**super().fit_config(server_round), "phase": "local-centres", "local-k": self.cfg.local_k}
+        local_k = self.cfg.params(KFedConfig).local_k
+        return {**super().fit_config(server_round), "phase": "local-centres", "local-k": local_k}
 
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
         return [ArraySpec("centres", (None, None)), ArraySpec("counts", (None,), "i")]

@@ -53,12 +53,17 @@ class VerticalStrategy(ClusteringStrategy):
         """Server update from one array per view (view order); returns the consensus labels."""
         raise NotImplementedError
 
+    def stop_delta(self) -> float:
+        """The method's relative-objective threshold (its `<method>.delta` key)."""
+        raise NotImplementedError
+
     def record_objective(self, objective: float) -> None:
         """Keep this round's objective; finish when its relative change is <= delta (Alg. 2, line 14)."""
         previous = self.objectives[-1] if self.objectives else None
         self.objectives.append(objective)
-        if has_converged(previous, objective, self.cfg.delta):
-            self.finished, self.stop_reason = True, f"relative objective change <= delta={self.cfg.delta:g}"
+        delta = self.stop_delta()
+        if has_converged(previous, objective, delta):
+            self.finished, self.stop_reason = True, f"relative objective change <= delta={delta:g}"
 
     def extra_summary(self) -> dict[str, Any]:
         return {"objective_per_round": self.objectives}

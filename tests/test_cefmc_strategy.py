@@ -39,6 +39,8 @@ from clients.cefmc import CeFMCClient, client_round, client_round_full_represent
 from clients.fedcmv import init_centroids, squared_distances
 from fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedapp.data import resolve_data_dir
+from fedapp.methods import METHODS
+from fedapp.methods.fedcmv import choose_initial_samples
 from fedapp.metrics import clustering_metrics, contingency_table, encode_table
 from fedapp.partition import PartitionError
 from fedapp.protocol import LABEL_HOLDER, label_dtype
@@ -54,7 +56,6 @@ from strategies.cefmc import (
 from strategies.fedcmv import (
     FedCMvStrategy,
     FedFCMvStrategy,
-    choose_initial_samples,
     cmeans_objective,
     fuzzy_cmeans_objective,
     fuzzy_memberships,
@@ -65,6 +66,7 @@ FitResult = tuple[ClientProxy, FitRes]
 N_SAMPLES, K = 30, 3
 VIEW_DIMS = (5, 4, 6)
 N_VIEWS = len(VIEW_DIMS)
+TABLES = {name: spec.config_table for name, spec in METHODS.items()}
 # view -> client id, deliberately not in cid order: the strategy must route by the reported partition-id
 CID_OF_VIEW = {0: "n2", 1: "n0", 2: "n1"}
 ORTHONORMAL_TOL = 1e-8
@@ -195,7 +197,8 @@ def _assert_orthonormal(H: np.ndarray) -> None:
 
 # ------------------------------------------------------------------------------------ CeFMC: round 1
 def test_round_one_sends_the_same_empty_init_instruction_to_every_client(tmp_path: Path) -> None:
-    strategy = CeFMCStrategy(_cfg(tmp_path, **{"lambda": 0.5, "beta": 2.0, "mm-factor": 1.5, "h-iters": 3}))
+    keys = {"cefmc.lambda": 0.5, "cefmc.beta": 2.0, "cefmc.mm-factor": 1.5, "cefmc.h-iters": 3}
+    strategy = CeFMCStrategy(_cfg(tmp_path, **keys))
     manager = _manager(["n2", "n0", "n1"])
     instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
     assert [proxy.cid for proxy, _ in instructions] == ["n0", "n1", "n2"]
@@ -214,7 +217,7 @@ def test_round_one_sends_the_same_empty_init_instruction_to_every_client(tmp_pat
 
 
 def test_beta_defaults_to_lambda_in_the_instructions(tmp_path: Path) -> None:
-    strategy = CeFMCStrategy(_cfg(tmp_path, **{"lambda": 0.25}))
+    strategy = CeFMCStrategy(_cfg(tmp_path, **{"cefmc.lambda": 0.25}))
     assert strategy.fit_config(1)["beta"] == 0.25
 
 
@@ -343,7 +346,7 @@ def test_stops_when_the_relative_objective_change_is_at_most_delta(
     tmp_path: Path, later_objective: float, stops: bool
 ) -> None:
     # obj_v = 1e6 dwarfs the label-integration term (at most N V = 90), so the total moves by < 1e-4
-    strategy = _initialised(tmp_path, delta=1e-3)
+    strategy = _initialised(tmp_path, **{"cefmc.delta": 1e-3})
     manager = _manager()
     strategy.aggregate_fit(2, _fixed_label_replies(1e6), [])
     assert not strategy.finished  # never on the first objective
@@ -626,7 +629,7 @@ def test_fedcmv_round_one_labels_are_argmin_of_summed_distances(
     assert len(instructions) == N_VIEWS
     for _, ins in instructions:
         assert ins.parameters.tensors == [] and ins.config["phase"] == "init"
-        assert ins.config["fuzziness"] == strategy.cfg.fuzziness
+        assert ins.config.get("fuzziness") == strategy.fuzzifier
     distances = _partial_distances()
     total = np.sum(distances, axis=0)
     parameters, stats = strategy.aggregate_fit(1, _distance_replies(distances)[::-1], [])
@@ -637,9 +640,9 @@ def test_fedcmv_round_one_labels_are_argmin_of_summed_distances(
         np.testing.assert_array_equal(labels, total.argmin(axis=1))
         assert strategy.objectives == [pytest.approx(cmeans_objective(total, total.argmin(axis=1)))]
     else:
-        memberships = fuzzy_memberships(total, strategy.cfg.fuzziness)
+        memberships = fuzzy_memberships(total, strategy.fuzzifier)
         np.testing.assert_array_equal(labels, memberships.argmax(axis=1))
-        expected = fuzzy_cmeans_objective(total, memberships, strategy.cfg.fuzziness)
+        expected = fuzzy_cmeans_objective(total, memberships, strategy.fuzzifier)
         assert strategy.objectives == [pytest.approx(expected)]
 
 
@@ -663,7 +666,7 @@ def test_fedcmv_round_two_sends_the_assignment_to_every_client(
             assert assignment.dtype == np.float64 and assignment.shape == (N_SAMPLES, K)
             assert (assignment >= 0).all()
             np.testing.assert_allclose(assignment.sum(axis=1), 1.0, atol=1e-12)
-            np.testing.assert_allclose(assignment, fuzzy_memberships(total, strategy.cfg.fuzziness))
+            np.testing.assert_allclose(assignment, fuzzy_memberships(total, strategy.fuzzifier))
 
 
 @pytest.mark.parametrize("strategy_class", [FedCMvStrategy, FedFCMvStrategy])
@@ -671,7 +674,8 @@ def test_fedcmv_round_two_sends_the_assignment_to_every_client(
 def test_fedcmv_stops_on_the_relative_objective_change(
     tmp_path: Path, strategy_class: type[FedCMvStrategy], scale: float, stops: bool
 ) -> None:
-    strategy = strategy_class(_cfg(tmp_path, method=strategy_class.method, delta=1e-3))
+    delta_key = f"{strategy_class.method}.delta"
+    strategy = strategy_class(_cfg(tmp_path, method=strategy_class.method, **{delta_key: 1e-3}))
     strategy.aggregate_fit(1, _distance_replies(_partial_distances()), [])
     assert not strategy.finished
     parameters, _ = strategy.aggregate_fit(2, _distance_replies(_partial_distances(scale)), [])
@@ -708,7 +712,8 @@ def _run(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("method", ["cefmc", "cefmc-h", "fedcmv", "fedfcmv"])
 def test_whole_run_on_digits_mv(tmp_path: Path, method: str) -> None:
     rounds = 4
-    summary = _run(tmp_path, method=method, dataset="digits-mv", **{"num-rounds": rounds, "delta": 0.0})
+    keys = {"num-rounds": rounds, f"{TABLES[method]}.delta": 0.0}
+    summary = _run(tmp_path, method=method, dataset="digits-mv", **keys)
     assert summary["num_clients"] == 3 and summary["rounds"] == rounds and summary["k"] == 10
     assert summary["stop_reason"] == "max rounds"
     metrics = summary["metrics"]
@@ -745,7 +750,10 @@ def _hw_dir() -> Path:
 def test_whole_cefmc_run_on_hw(tmp_path: Path) -> None:
     data_dir = _hw_dir()
     summary = _run(
-        tmp_path, method="cefmc", dataset="hw", **{"data-dir": str(data_dir), "num-rounds": 8, "delta": 0.0}
+        tmp_path,
+        method="cefmc",
+        dataset="hw",
+        **{"data-dir": str(data_dir), "num-rounds": 8, "cefmc.delta": 0.0},
     )
     assert summary["num_clients"] == 6
     objectives = summary["objective_per_round"]

@@ -3,14 +3,18 @@
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from flwr.common import Context, RecordDict
+from flwr.common.config import flatten_dict
 
-from fedapp.config import ConfigError, default_run_config, parse_run_config
-from fedapp.methods import METHODS
+from fedapp.config import ConfigError, RunConfig, default_run_config, parse_run_config
+from fedapp.methods import METHODS, config_tables
+from fedapp.methods.cefmc import CeFMCConfig
+from fedapp.methods.ffcm import FFCMConfig
 from fedapp.server_app import server_fn
 from simulation.runner import parse_set_options
 
@@ -21,7 +25,25 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
     "unknown-method": ({"method": "kmeanz"}, "unknown method 'kmeanz'"),
     "unknown-dataset": ({"dataset": "no-such-data"}, "unknown dataset 'no-such-data'"),
     "empty-dataset": ({"dataset": ""}, "'dataset' is empty"),
-    "unknown-key": ({"num-client": 4}, "unknown run-config key(s) ['num-client']"),
+    "unknown-key": ({"num-client": 4}, "unknown run-config key 'num-client'; did you mean 'num-clients'?"),
+    "misspelt-method-key": (
+        {"method": "cefmc", "cefmc.lamda": 0.5},
+        "unknown run-config key 'cefmc.lamda'; did you mean 'cefmc.lambda'?",
+    ),
+    "bare-method-key": ({"method": "ffcm", "fuzziness": 1.2}, "did you mean 'ffcm.fuzziness'?"),
+    "other-method-key": (
+        {"method": "kfed", "ffcm.fuzziness": 1.2},
+        "run-config 'ffcm.fuzziness' belongs to method ffcm, but the method is 'kfed'",
+    ),
+    "method-key-range": (
+        {"method": "cefmc", "cefmc.lambda": -1.0},
+        "run-config 'cefmc.lambda' must be >= 0, got -1",
+    ),
+    "method-key-type": (
+        {"method": "cefmc", "cefmc.h-iters": "two"},
+        "run-config 'cefmc.h-iters' must be a number, got 'two'",
+    ),
+    "device": ({"device": "tpu"}, "run-config 'device' must be one of 'auto', 'cpu', 'cuda', got 'tpu'"),
     # num-clients = 0 means "every connected SuperNode", so only negative counts are invalid
     "negative-clients": ({"num-clients": -3}, "'num-clients' must be >="),
     "zero-rounds": ({"num-rounds": 0}, "'num-rounds' must be >= 1, got 0"),
@@ -33,10 +55,10 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
     "int-for-string": ({"method": 3}, "'method' must be a string, got 3"),
     "p-above-one": ({"p": 1.5, "partition": "p-hetero"}, "'p' must be in [0, 1], got 1.5"),
     "p-below-zero": ({"p": -0.1}, "'p' must be in [0, 1], got -0.1"),
-    "p-nan": ({"p": float("nan")}, "'p' must be in [0, 1]"),
-    "unknown-scaling": ({"scaling": "robust"}, "unknown scaling 'robust'"),
-    "unknown-partition": ({"partition": "shards"}, "unknown partition 'shards'"),
-    "fuzziness-one": ({"fuzziness": 1.0}, "'fuzziness' must be > 1"),
+    "p-nan": ({"p": float("nan")}, "'p' must be a finite number"),
+    "unknown-scaling": ({"scaling": "robust"}, "'scaling' must be one of 'none', 'zscore', 'minmax', 'l2'"),
+    "unknown-partition": ({"partition": "shards"}, "'partition' must be one of 'auto', 'iid'"),
+    "fuzziness-one": ({"method": "ffcm", "ffcm.fuzziness": 1.0}, "'ffcm.fuzziness' must be > 1, got 1"),
     "negative-seed": ({"seed": -1}, "'seed' must be >= 0"),
     "horizontal-method-vertical-partition": (
         {"method": "kfed", "partition": "vertical"},
@@ -65,7 +87,37 @@ def test_defaults_are_valid_and_integral_floats_are_accepted() -> None:
     cfg = parse_run_config({"num-clients": 4.0, "p": 1})
     assert (cfg.num_clients, cfg.p) == (4, 1.0)
     assert isinstance(cfg.num_clients, int) and isinstance(cfg.p, float)
-    assert parse_run_config().to_dict().keys() >= default_run_config().keys()
+
+
+def test_pyproject_declares_exactly_the_keys_and_defaults_of_the_code() -> None:
+    """Flower reads pyproject's tables; the code declares the keys: they must never drift apart."""
+    with (PROJECT_ROOT / "pyproject.toml").open("rb") as fh:
+        table = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    assert flatten_dict(table) == default_run_config()
+
+
+def test_a_full_flower_run_config_of_every_table_is_accepted() -> None:
+    """server_fn receives the defaults of every method's table; only the selected table's may change."""
+    full = {**default_run_config(), "method": "cefmc", "dataset": "hw", "cefmc.lambda": 0.5}
+    cfg = parse_run_config(full)
+    assert cfg.params(CeFMCConfig).lam == 0.5 and cfg.partition == "vertical"
+    assert cfg.to_dict()["cefmc.lambda"] == 0.5
+    assert "ffcm.fuzziness" not in cfg.to_dict()  # the summary shows the run's own keys only
+
+
+def test_method_keys_are_typed_and_shared_by_variants() -> None:
+    cfg = parse_run_config({"method": "cefmc-h", "cefmc.h-iters": 3.0})
+    assert cfg.params(CeFMCConfig).h_iters == 3 and isinstance(cfg.params(CeFMCConfig).h_iters, int)
+    assert cfg.params(CeFMCConfig).effective_beta == 1.0
+    assert parse_run_config({"method": "kmeans"}).method_config is None
+    with pytest.raises(ConfigError, match="has no FFCMConfig"):
+        cfg.params(FFCMConfig)
+
+
+def test_every_key_has_a_doc_and_a_valid_default() -> None:
+    for section in [RunConfig, *config_tables().values()]:
+        for spec in section.key_specs():
+            assert spec.doc and spec.coerce(spec.default, spec.name) == spec.default
 
 
 def test_vertical_method_with_horizontal_partition() -> None:
@@ -128,7 +180,7 @@ def test_cli_rejects_a_bad_set_option(tmp_path: Path) -> None:
         timeout=30,
     )
     assert result.returncode == 2
-    assert "error: 'p' must be in [0, 1], got 2.0" in result.stderr
+    assert "error: run-config 'p' must be in [0, 1], got 2" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -137,6 +189,7 @@ def test_cli_rejects_a_bad_set_option(tmp_path: Path) -> None:
         ("num-clients=10", 10),
         ("p=0.25", 0.25),
         ("delta=1e-3", 1e-3),
+        ("cefmc.lambda=0.5", 0.5),
         ("verbose=true", True),
         ("verbose=false", False),
         ("dataset=digits", "digits"),  # bare string

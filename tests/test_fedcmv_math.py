@@ -9,7 +9,8 @@ from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
 from clients import fedcmv as client
-from simulation.cefmc_reference import run_vertical_cmeans
+from fedapp.methods.fedcmv import choose_initial_samples
+from simulation.cefmc.reference import run_vertical_cmeans
 from strategies import fedcmv as server
 
 
@@ -27,17 +28,17 @@ def _views(n_samples: int = 200, dims: tuple[int, ...] = (5, 3), k: int = 3, see
 
 
 def test_initial_samples_are_distinct_and_seeded():
-    indices = server.choose_initial_samples(50, 7, seed=3)
+    indices = choose_initial_samples(50, 7, seed=3)
     assert len(set(indices.tolist())) == 7 and indices.min() >= 0 and indices.max() < 50
-    np.testing.assert_array_equal(indices, server.choose_initial_samples(50, 7, seed=3))
+    np.testing.assert_array_equal(indices, choose_initial_samples(50, 7, seed=3))
     with pytest.raises(ValueError, match="k must be"):
-        server.choose_initial_samples(5, 6)
+        choose_initial_samples(5, 6)
 
 
 def test_one_view_fedcmv_round_is_a_lloyd_step():
     (X,) = _views(dims=(6,))
     k = 3
-    centroids = client.init_centroids(X, server.choose_initial_samples(len(X), k, seed=1))
+    centroids = client.init_centroids(X, choose_initial_samples(len(X), k, seed=1))
     labels, sent, _ = server.server_round([client.squared_distances(X, centroids)], fuzzy=False)
     updated = client.update_centroids_hard(X, sent, centroids)
     np.testing.assert_array_equal(labels, cdist(X, centroids, "sqeuclidean").argmin(axis=1))

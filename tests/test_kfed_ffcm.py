@@ -15,6 +15,7 @@ from fedapp.clustering import nearest_centre
 from fedapp.config import parse_run_config
 from fedapp.inprocess import run_inprocess
 from fedapp.local_data import load_run_dataset
+from fedapp.methods.ffcm import FFCMConfig
 from fedapp.server_app import server_fn
 from simulation.experiments import load_experiment, run_experiment
 from simulation.runner import build_overrides, execute
@@ -132,7 +133,8 @@ def test_ffcm_clients_with_one_local_iteration_give_the_pooled_sums() -> None:
     cfg = parse_run_config({"method": "ffcm", "dataset": "digits", "num-clients": 3})
     pooled = load_run_dataset(cfg).features
     centres = pooled[[0, 100, 200, 300, 400, 500, 600, 700, 800, 900]]
-    config = {"phase": "update", "fuzziness": cfg.fuzziness, "local-iters": 1, "server-round": 2}
+    fuzziness = cfg.params(FFCMConfig).fuzziness
+    config = {"phase": "update", "fuzziness": fuzziness, "local-iters": 1, "server-round": 2}
     sums, mass, examples = 0.0, 0.0, 0
     for pid in range(3):
         node = {"partition-id": pid, "num-partitions": 3}
@@ -141,7 +143,7 @@ def test_ffcm_clients_with_one_local_iteration_give_the_pooled_sums() -> None:
         assert metrics["partition-id"] == pid and metrics["k"] == 10
         sums, mass, examples = sums + client_sums, mass + client_mass, examples + n
     assert examples == pooled.shape[0]
-    pooled_sums, pooled_mass = membership_sums(pooled, centres, cfg.fuzziness)
+    pooled_sums, pooled_mass = membership_sums(pooled, centres, fuzziness)
     np.testing.assert_allclose(sums, pooled_sums, rtol=1e-9)
     np.testing.assert_allclose(mass, pooled_mass, rtol=1e-9)
 
@@ -149,14 +151,14 @@ def test_ffcm_clients_with_one_local_iteration_give_the_pooled_sums() -> None:
 def test_ffcm_rounds_are_centralized_fcm_steps(tmp_path: Path) -> None:
     """Rounds 2 and 3 of a federation move the centres exactly as two FCM steps on the pooled data."""
     overrides = build_overrides(
-        {"method": "ffcm", "dataset": "digits", "num-clients": 4, "delta": 0.0}, tmp_path
+        {"method": "ffcm", "dataset": "digits", "num-clients": 4, "ffcm.delta": 0.0}, tmp_path
     )
     initial, _ = run_inprocess(server_fn, client_fn, {**overrides, "num-rounds": 1}, 4)
     final, _ = run_inprocess(server_fn, client_fn, {**overrides, "num-rounds": 3}, 4)
     pooled = load_run_dataset(parse_run_config(overrides)).features
     centres = initial.centres
     for _ in range(2):
-        sums, mass = membership_sums(pooled, centres, final.cfg.fuzziness)
+        sums, mass = membership_sums(pooled, centres, final.params.fuzziness)
         centres = sums / mass[:, None]
     np.testing.assert_allclose(final.centres, centres, rtol=1e-9, atol=1e-12)
     assert len(final.shifts) == 2
@@ -189,11 +191,11 @@ def test_run_summaries_describe_the_run(digits_runs: dict[str, dict[str, Any]], 
     kfed, ffcm = digits_runs["kfed"], digits_runs["ffcm"]
     assert kfed["rounds"] == 1 and kfed["stop_reason"] == "one-shot"
     assert kfed["num_clients"] == 10 and kfed["k"] == 10
-    assert ffcm["config"]["fuzziness"] == 1.1
+    assert ffcm["config"]["ffcm.fuzziness"] == 1.1
     assert 1 < ffcm["rounds"] <= 50
     assert len(ffcm["centre_shift_per_round"]) == ffcm["rounds"] - 1
     if ffcm["rounds"] < 50:  # converged early: the last shift met the threshold
-        assert ffcm["centre_shift_per_round"][-1] <= ffcm["config"]["delta"]
+        assert ffcm["centre_shift_per_round"][-1] <= ffcm["config"]["ffcm.delta"]
     for summary in (kfed, ffcm):
         assert summary["comm_bytes"]["up"] > 0 and summary["comm_bytes"]["down"] >= 0
         assert summary["comm_bytes"]["eval_up"] > 0

@@ -93,7 +93,7 @@ def _centres(parameters: Parameters | None) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------- k-FED
 def test_kfed_configure_fit_sends_local_centres_phase_to_every_client(tmp_path: Path) -> None:
-    strategy = KFedStrategy(_cfg(tmp_path, local_k=4))
+    strategy = KFedStrategy(_cfg(tmp_path, **{"kfed.local-k": 4}))
     manager = _manager(["c", "a", "b"])
     instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
     assert [proxy.cid for proxy, _ in instructions] == ["a", "b", "c"]
@@ -129,7 +129,7 @@ def test_kfed_is_one_shot(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- FFCM
 def test_ffcm_round_one_is_mass_weighted_kmeans_over_local_centres(tmp_path: Path) -> None:
-    strategy = FFCMStrategy(_cfg(tmp_path, k=2))
+    strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm", k=2))
     assert strategy.fit_config(1)["phase"] == "init"
     results = [
         (
@@ -153,7 +153,7 @@ def test_ffcm_round_one_is_mass_weighted_kmeans_over_local_centres(tmp_path: Pat
 
 def _ffcm_after_init(tmp_path: Path, delta: float) -> FFCMStrategy:
     """An FFCM strategy whose global centres are [[0, 0], [10, 10]], as after round 1."""
-    strategy = FFCMStrategy(_cfg(tmp_path, k=2, delta=delta))
+    strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm", k=2, **{"ffcm.delta": delta}))
     strategy.centres = np.array([[0.0, 0.0], [10.0, 10.0]])
     return strategy
 
@@ -316,7 +316,8 @@ def test_reply_order_does_not_change_the_result(tmp_path: Path, strategy_class: 
         ]
     outcomes = []
     for order in itertools.permutations(replies):
-        parameters, _ = strategy_class(_cfg(tmp_path)).aggregate_fit(1, list(order), [])
+        strategy = strategy_class(_cfg(tmp_path, method=strategy_class.method))
+        parameters, _ = strategy.aggregate_fit(1, list(order), [])
         outcomes.append(_centres(parameters))
     for centres in outcomes[1:]:
         np.testing.assert_array_equal(centres, outcomes[0])
@@ -451,7 +452,7 @@ def test_evaluation_writes_summary_rounds_and_plot(tmp_path: Path) -> None:
 
 # -------------------------------------------------------------------------------------------- ledger
 def test_ledger_records_the_bytes_sent_and_received_per_client(tmp_path: Path) -> None:
-    strategy = FFCMStrategy(_cfg(tmp_path, k=2))
+    strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm", k=2))
     strategy.centres = np.array([[0.0, 0.0], [10.0, 10.0]])
     manager = _manager(["a", "b", "c"])
     sent = strategy.configure_fit(2, ndarrays_to_parameters([strategy.centres]), manager)
@@ -527,7 +528,7 @@ def test_extra_clients_are_used_with_a_warning(tmp_path: Path, caplog: pytest.Lo
 # ------------------------------------------------------------------------------------ broken clients
 def test_a_run_stops_after_consecutive_rounds_without_a_valid_reply(tmp_path: Path) -> None:
     """Clients that fail every round (e.g. a missing data file) end the run instead of idling."""
-    strategy = FFCMStrategy(_cfg(tmp_path))
+    strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm"))
     manager = _manager(["a", "b", "c"])
     nan_reply = _fit_res([np.full((3, 2), np.nan), np.ones(3)], {"partition-id": 0, "k": 3})
     for server_round in range(1, MAX_EMPTY_ROUNDS + 1):

@@ -19,6 +19,7 @@ from sklearn.cluster import KMeans
 
 from clients import cefmc as cefmc_client
 from clients import fedcmv as fedcmv_client
+from fedapp.methods.fedcmv import choose_initial_samples
 from fedapp.preprocessing import scale_view
 from strategies import cefmc as cefmc_server
 from strategies import fedcmv as fedcmv_server
@@ -233,7 +234,7 @@ def run_vertical_cmeans(
     _check_views(views, n_clusters, max_rounds)
     wire = _Wire()
     wire.next_round()
-    indices = fedcmv_server.choose_initial_samples(len(views[0]), n_clusters, seed)
+    indices = choose_initial_samples(len(views[0]), n_clusters, seed)
     segments = [fedcmv_client.init_centroids(X, wire.send_down(indices)) for X in views]
     objectives: list[float] = []
     converged = False

@@ -1,8 +1,8 @@
 """CeFMC paper Table V layout: seconds per method and dataset, maths only and end to end in simulation.
 
-    python -m simulation.bench_cefmc_time [--datasets hw bdgp drybean] [--repeats 3] [--no-flwr]
+    python -m simulation.cefmc.bench_time [--datasets hw bdgp drybean] [--repeats 3] [--no-flwr]
 
-Maths only: `simulation.cefmc_reference.run_reference` (every client and server step in one process, no
+Maths only: `simulation.cefmc.reference.run_reference` (every client and server step in one process, no
 Flower), median of `--repeats`, one BLAS thread. End to end: one `flwr run` Ray simulation per dataset
 (`python -m simulation run`, one SuperNode per view), which adds Flower's start-up (~10 s) and round
 overhead (~0.1 s per round). Needs ../shared/data (or $FEDAPP_DATA_DIR).
@@ -19,7 +19,7 @@ from pathlib import Path
 from threadpoolctl import threadpool_limits
 
 from fedapp.data import load_dataset, resolve_data_dir
-from simulation.cefmc_reference import run_reference
+from simulation.cefmc.reference import run_reference
 from simulation.runner import build_overrides, execute
 
 METHODS = ("fedcmv", "fedfcmv", "cefmc", "cefmc-h")

@@ -1,6 +1,6 @@
 """CeFMC's lambda = beta grid over 2^-10 ... 2^10 (paper Sec. V-G), maths only.
 
-    python -m simulation.cefmc_lambda_grid [--datasets hw bdgp drybean] [--seeds 0 1 2] [--step 2]
+    python -m simulation.cefmc.lambda_grid [--datasets hw bdgp drybean] [--seeds 0 1 2] [--step 2]
 
 For every dataset and exponent: ACC / NMI (mean over seeds) and the share of samples whose consensus label
 moved away from the k-means initialisation y^(0). Prints one markdown table per dataset and the best
@@ -17,7 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from fedapp.data import load_dataset, resolve_data_dir
 from fedapp.metrics import clustering_metrics, contingency_table
-from simulation.cefmc_reference import run_reference
+from simulation.cefmc.reference import run_reference
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,7 @@
 """Maths-only CeFMC wall time as N doubles (Sec. IV-D claims linear complexity in N).
 
-Run: ``python -m simulation.bench_cefmc_scaling [--sizes 10000 20000 40000] [--rounds 10]``.
-It times `simulation.cefmc_reference.run_cefmc` (initialisation SVDs + k-means + a fixed number of rounds,
+Run: ``python -m simulation.cefmc.bench_scaling [--sizes 10000 20000 40000] [--rounds 10]``.
+It times `simulation.cefmc.reference.run_cefmc` (initialisation SVDs + k-means + a fixed number of rounds,
 no early stop) on synthetic Gaussian-cluster views and prints the time ratio per doubling of N, for the
 whole run and for its rounds alone; linear scaling gives about 2 (the issue's target is <= 2.3). Each
 size is timed `--repeats` times, best kept. BLAS/OpenMP run on `--threads` threads (default 1): on a
@@ -19,7 +19,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from clients.cefmc import init_embedding
-from simulation.cefmc_reference import run_cefmc
+from simulation.cefmc.reference import run_cefmc
 from strategies.cefmc import initialise_consensus
 
 VIEW_DIMS = (100, 50, 20)

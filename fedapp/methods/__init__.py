@@ -1,7 +1,10 @@
-"""The method registry: run-config `method` -> (strategy class, client class).
+"""The method registry: run-config `method` -> (strategy class, client class, config table).
 
-Classes are named by import path and imported lazily, so the ServerApp of one method never imports the
-dependencies (torch, sentence-transformers) of another.
+A method is four pieces: `fedapp/methods/<method>.py` (its config keys as a `ConfigSection` dataclass and
+whatever else both protocol sides share), `strategies/<method>.py`, `clients/<method>.py` and, where it has
+experiments, `simulation/<method>/`. Strategy and client classes are named by import path and imported
+lazily, so the ServerApp of one method never imports the dependencies (torch, sentence-transformers) of
+another, and `fedapp/` never imports `clients/` or `strategies/`.
 """
 
 from __future__ import annotations
@@ -9,6 +12,12 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from typing import Any
+
+from fedapp.config_keys import ConfigSection
+from fedapp.methods.cefmc import CeFMCConfig
+from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
+from fedapp.methods.ffcm import FFCMConfig
+from fedapp.methods.kfed import KFedConfig
 
 
 @dataclass(frozen=True)
@@ -23,10 +32,17 @@ class MethodSpec:
     # dataset kinds this method can run on (see fedapp.data KINDS); horizontal vector methods take
     # images flattened and multi-view sets with their views concatenated
     modalities: tuple[str, ...] = ("vectors", "images", "multiview")
+    config: type[ConfigSection] | None = None  # the method's own keys; None: it has none
+    table: str = ""  # its table [tool.flwr.app.config.<table>]; "" -> the method's name
 
     @property
     def federated(self) -> bool:
         return self.strategy is not None
+
+    @property
+    def config_table(self) -> str:
+        """Prefix of the method's keys (`cefmc` in `cefmc.lambda`); a variant may share its parent's."""
+        return self.table or self.name
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -38,12 +54,14 @@ METHODS: dict[str, MethodSpec] = {
             "k-FED (Dennis et al. 2021): one-shot local k-means, server k-means over local centres",
             "strategies.kfed:KFedStrategy",
             "clients.kfed:KFedClient",
+            config=KFedConfig,
         ),
         MethodSpec(
             "ffcm",
             "federated fuzzy c-means (Stallmann & Wilbik 2022): membership-weighted sums each round",
             "strategies.ffcm:FFCMStrategy",
             "clients.ffcm:FFCMClient",
+            config=FFCMConfig,
         ),
         MethodSpec(
             "cefmc",
@@ -52,6 +70,7 @@ METHODS: dict[str, MethodSpec] = {
             "clients.cefmc:CeFMCClient",
             vertical=True,
             modalities=("multiview",),
+            config=CeFMCConfig,
         ),
         MethodSpec(
             "cefmc-h",
@@ -60,6 +79,8 @@ METHODS: dict[str, MethodSpec] = {
             "clients.cefmc:CeFMCHClient",
             vertical=True,
             modalities=("multiview",),
+            config=CeFMCConfig,
+            table="cefmc",  # the ablation runs with CeFMC's own keys
         ),
         MethodSpec(
             "fedcmv",
@@ -68,6 +89,7 @@ METHODS: dict[str, MethodSpec] = {
             "clients.fedcmv:FedCMvClient",
             vertical=True,
             modalities=("multiview",),
+            config=FedCMvConfig,
         ),
         MethodSpec(
             "fedfcmv",
@@ -76,6 +98,7 @@ METHODS: dict[str, MethodSpec] = {
             "clients.fedcmv:FedCMvClient",
             vertical=True,
             modalities=("multiview",),
+            config=FedFCMvConfig,
         ),
     )
 }
@@ -90,6 +113,15 @@ def method_spec(name: str) -> MethodSpec:
         return METHODS[name]
     except KeyError:
         raise UnknownMethodError(f"unknown method '{name}'; choose one of {sorted(METHODS)}") from None
+
+
+def config_tables() -> dict[str, type[ConfigSection]]:
+    """Table name -> its keys' dataclass, one entry per table (variants share their parent's)."""
+    tables: dict[str, type[ConfigSection]] = {}
+    for spec in METHODS.values():
+        if spec.config is not None and tables.setdefault(spec.config_table, spec.config) is not spec.config:
+            raise TypeError(f"methods sharing table '{spec.config_table}' declare different keys")
+    return tables
 
 
 def load_class(path: str) -> Any:

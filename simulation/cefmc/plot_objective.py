@@ -1,6 +1,6 @@
 """CeFMC paper Fig. 3 layout: objective (Eq. 19/35) and consensus ACC / purity per round, one dataset.
 
-    python -m simulation.plot_cefmc_objective --dataset hw --rounds 30 --out docs/cefmc-objective-hw.png
+    python -m simulation.cefmc.plot_objective --dataset hw --rounds 30 --out docs/cefmc-objective-hw.png
 
 Runs the Flower app (in-process engine: the same strategy and clients) with delta = 0 so that every
 round runs, then plots `summary.json`'s objective_per_round and `rounds.json`'s metrics.
@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> None:
                 "method": "cefmc",
                 "dataset": args.dataset,
                 "num-rounds": args.rounds,
-                "delta": 0.0,
+                "cefmc.delta": 0.0,
                 "seed": args.seed,
-                "lambda": args.lam,
+                "cefmc.lambda": args.lam,
             },
             Path(tmp),
         )

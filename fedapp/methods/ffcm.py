@@ -1,0 +1,16 @@
+"""Federated fuzzy c-means (Stallmann & Wilbik 2022): the keys of `[tool.flwr.app.config.ffcm]`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedapp.config_keys import ConfigSection, config_key
+
+
+@dataclass(frozen=True)
+class FFCMConfig(ConfigSection):
+    fuzziness: float = config_key(
+        1.1, gt=1.0, doc="fuzzifier m (m >= 1.5 collapses on high-dimensional data, see README)"
+    )
+    local_iters: int = config_key(1, ge=1, doc="local FCM iterations per round (1 = exactly centralized FCM)")
+    delta: float = config_key(1e-6, ge=0.0, doc="stop when the relative centre shift is <= delta")

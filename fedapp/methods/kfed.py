@@ -1,0 +1,12 @@
+"""k-FED (Dennis et al., ICML 2021): the keys of `[tool.flwr.app.config.kfed]`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedapp.config_keys import ConfigSection, config_key
+
+
+@dataclass(frozen=True)
+class KFedConfig(ConfigSection):
+    local_k: int = config_key(0, ge=0, doc="local k-means centres k' per client; 0 = k")

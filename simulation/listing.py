@@ -1,0 +1,71 @@
+"""Human-readable listings of the configuration: methods with their keys and presets, and the TOML tables."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fedapp.config import RunConfig
+from fedapp.config_keys import ConfigSection, KeySpec
+from fedapp.methods import METHODS, config_tables, method_spec
+from simulation.presets import available_presets
+
+
+def _value(value: Any) -> str:
+    """A value as TOML writes it (strings quoted, booleans lower-case)."""
+    return json.dumps(value) if isinstance(value, str | bool) else repr(value)
+
+
+def _key_lines(specs: tuple[KeySpec, ...], prefix: str = "") -> list[str]:
+    rows = [(f"{prefix}{spec.name}", spec.kind.__name__, _value(spec.default), spec) for spec in specs]
+    width = max((len(name) for name, *_ in rows), default=0)
+    lines = []
+    for name, kind, default, spec in rows:
+        allowed = f" ({spec.allowed()})" if spec.restricted else ""
+        lines.append(f"  {name:<{width}}  {kind:<5} {default:<22} {spec.doc}{allowed}")
+    return lines
+
+
+def describe_methods(name: str | None = None) -> str:
+    """Each method (or one) with its description, its own keys (defaults, docs, ranges) and presets."""
+    presets = available_presets()
+    names = [method_spec(name).name] if name else list(METHODS)
+    out: list[str] = []
+    if name is None:
+        out += ["common keys (every method; `--set key=value` or `--run-config \"key=value\"`):"]
+        out += _key_lines(RunConfig.key_specs())
+        out.append("")
+    for method in names:
+        spec = METHODS[method]
+        kind = "vertical" if spec.vertical else "horizontal" if spec.federated else "centralized"
+        out.append(f"{method}  [{kind}; datasets of kind {', '.join(spec.modalities)}]")
+        out.append(f"  {spec.description}")
+        if spec.config is not None:
+            shared = f" (shared with {spec.config_table})" if spec.config_table != method else ""
+            out.append(f"  keys [tool.flwr.app.config.{spec.config_table}]{shared}:")
+            out += ["  " + line for line in _key_lines(spec.config.key_specs(), f"{spec.config_table}.")]
+        else:
+            out.append("  keys: none of its own")
+        mine = [p for p in presets.values() if p.method == method]
+        for preset in mine:
+            out.append(f"  preset {preset.name}: {preset.description}")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _toml_table(header: str, section: type[ConfigSection]) -> list[str]:
+    lines = [f"[{header}]"]
+    specs = section.key_specs()
+    width = max(len(f"{s.name} = {_value(s.default)}") for s in specs)
+    for spec in specs:
+        assignment = f"{spec.name} = {_value(spec.default)}"
+        lines.append(f"{assignment:<{width}}  # {spec.doc}")
+    return lines
+
+
+def render_config_toml() -> str:
+    """The `[tool.flwr.app.config]` tables that pyproject.toml must hold, generated from the code."""
+    lines = _toml_table("tool.flwr.app.config", RunConfig)
+    for table, section in config_tables().items():
+        lines += ["", *_toml_table(f"tool.flwr.app.config.{table}", section)]
+    return "\n".join(lines)
