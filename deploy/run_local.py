@@ -23,11 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tomli_w  # noqa: E402
 
 from fedapp.config import PROJECT_ROOT, parse_run_config  # noqa: E402
+from simulation.presets import apply_preset  # noqa: E402
 from simulation.processes import (  # noqa: E402
     ProcessError,
     console_script,
     flower_env,
     free_port,
+    run_filtered,
     start_logged,
     stop_process,
     wait_for_health,
@@ -95,20 +97,12 @@ def deploy(overrides: dict, num_clients: int, work_dir: Path) -> int:
             print(f"SuperNode {partition_id} pid {node.pid}", flush=True)
         run_config = work_dir / "run-config.toml"
         run_config.write_text(tomli_w.dumps(overrides))
-        result = subprocess.run(
-            [
-                console_script("flwr"),
-                "run",
-                str(PROJECT_ROOT),
-                "deploy",
-                "--stream",
-                "--run-config",
-                str(run_config),
-            ],
-            env=env,
-            cwd=PROJECT_ROOT,
+        command = [console_script("flwr"), "run", str(PROJECT_ROOT), "deploy", "--stream"]
+        log_path = Path(overrides["out-dir"]) / "flower.log"
+        print(f"flwr run (full log: {log_path})", flush=True)
+        return run_filtered(
+            [*command, "--run-config", str(run_config)], env, log_path, quiet=False, cwd=PROJECT_ROOT
         )
-        return result.returncode
     finally:
         for process in reversed(started):  # SuperNodes first, then the SuperLink
             stop_process(process)
@@ -129,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--preset", help="named run-config values (see `python -m simulation methods`)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     base = {
@@ -140,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         **parse_set_options(args.set),
     }
     try:  # fail before starting any process
-        overrides = build_overrides(base, args.out)
+        overrides = build_overrides(apply_preset(args.preset, base), args.out)
         parse_run_config(overrides)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -115,6 +115,7 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
 def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     """Absolute paths for out-dir and data-dir: Flower's processes run in other working directories."""
     overrides = dict(base)
+    parse_run_config(overrides)  # key names, types and ranges first: cheaper than reading the data
     spec = METHODS.get(str(overrides.get("method")))
     if spec is not None and spec.vertical:  # one client per view
         n_views = count_views(overrides)
