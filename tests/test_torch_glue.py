@@ -366,12 +366,21 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(N, 1, 6, 6, generator=generator), torch.randint(0, 3, (N,), generator=generator)
 
 
+CPU = torch.device("cpu")
+DEVICES = [CPU] + ([torch.device("cuda")] if torch.cuda.is_available() else [])  # CUDA: where lent
+
+
 def client_round(
-    state: RecordDict, weights: list[np.ndarray], steps: int, skip: str = "", seed: int = SEED
+    state: RecordDict,
+    weights: list[np.ndarray],
+    steps: int,
+    skip: str = "",
+    seed: int = SEED,
+    device: torch.device = CPU,
 ) -> list[np.ndarray]:
     """One round of a client rebuilt from scratch: new model, optimizer and cursor, state from `state`."""
-    features, labels = _data()
-    model = ConvBNNet()  # built before client_rngs: its init draws must not shift the client's streams
+    features, labels = (tensor.to(device) for tensor in _data())
+    model = ConvBNNet().to(device)  # built before client_rngs: its init draws must not shift the streams
     load_state_arrays(model, weights)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     if skip != "optimizer":
@@ -386,7 +395,7 @@ def client_round(
             x = features[batch]
             if rngs.numpy.random() < 0.5:  # numpy Generator: a random flip
                 x = x.flip(-1)
-            x = x + 0.1 * torch.randn(x.shape, generator=rngs.torch)  # torch Generator: noise
+            x = x + 0.1 * torch.randn(x.shape, generator=rngs.torch).to(device)  # torch Generator: noise
             return nn.functional.cross_entropy(model(x), labels[batch])  # global RNG: dropout
 
         stats = train_steps(model, optimizer, loss_fn, cursor.take(steps), steps=steps)
@@ -396,21 +405,25 @@ def client_round(
     return state_arrays(model)
 
 
-def two_rounds_rebuilt(skip: str = "") -> list[np.ndarray]:
+def two_rounds_rebuilt(skip: str = "", device: torch.device = CPU) -> list[np.ndarray]:
     weights = state_arrays(trained_net(0))
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    weights = client_round(context.state, weights, STEPS_PER_ROUND, skip)
+    weights = client_round(context.state, weights, STEPS_PER_ROUND, skip, device=device)
     # between rounds: another client runs in the same process, the weights cross the wire, and the
     # node's state is serialised (as a SuperNode hands it to a fresh ClientApp process)
-    client_round(RecordDict(), weights, 3, seed=99)
+    client_round(RecordDict(), weights, 3, seed=99, device=device)
     weights = parameters_to_ndarrays(ndarrays_to_parameters(weights))
     context.state = recorddict_from_proto(recorddict_to_proto(context.state))
-    return client_round(context.state, weights, STEPS_PER_ROUND, skip)
+    return client_round(context.state, weights, STEPS_PER_ROUND, skip, device=device)
 
 
-def test_two_rebuilt_rounds_equal_one_uninterrupted_run_bit_for_bit():
-    uninterrupted = client_round(RecordDict(), state_arrays(trained_net(0)), 2 * STEPS_PER_ROUND)
-    rebuilt = two_rounds_rebuilt()
+@pytest.mark.parametrize("device", DEVICES, ids=str)
+def test_two_rebuilt_rounds_equal_one_uninterrupted_run_bit_for_bit(device, restore_determinism):
+    set_deterministic(device.type == "cuda")  # CPU is reproducible without it
+    uninterrupted = client_round(
+        RecordDict(), state_arrays(trained_net(0)), 2 * STEPS_PER_ROUND, device=device
+    )
+    rebuilt = two_rounds_rebuilt(device=device)
     names = state_schema(ConvBNNet()).names
     for name, got, want in zip(names, rebuilt, uninterrupted, strict=True):
         assert got.dtype == want.dtype, name
