@@ -18,17 +18,22 @@ class ReplyError(ValueError):
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """Expected array in a reply: `shape` entries of None match any length; `kind` is a numpy dtype kind."""
+    """Expected array in a reply: `shape` entries of None match any length; `kind` is a numpy dtype kind.
+
+    `dtype` (a numpy dtype name such as "float32") additionally demands that exact type: model state must
+    load without a silent cast, so torch glue asks for it (`fedapp.torch_glue.StateSchema.array_specs`).
+    """
 
     name: str
     shape: tuple[int | None, ...]
     kind: str = "f"  # "f" float, "i" integer (signed or unsigned)
+    dtype: str | None = None
 
 
 def check_arrays(arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> None:
     """Raise ReplyError unless `arrays` match `specs` in count, rank, shape, dtype kind and finiteness."""
     if len(arrays) != len(specs):
-        raise ReplyError(f"expected {len(specs)} arrays ({[s.name for s in specs]}), got {len(arrays)}")
+        raise ReplyError(f"expected {len(specs)} arrays, got {len(arrays)}: {_count_mismatch(arrays, specs)}")
     for array, spec in zip(arrays, specs, strict=True):
         if array.ndim != len(spec.shape) or any(
             want is not None and got != want for got, want in zip(array.shape, spec.shape, strict=True)
@@ -37,8 +42,17 @@ def check_arrays(arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> No
         kinds = "iu" if spec.kind == "i" else spec.kind
         if array.dtype.kind not in kinds:
             raise ReplyError(f"'{spec.name}' has dtype {array.dtype}, expected kind '{spec.kind}'")
+        if spec.dtype is not None and array.dtype != np.dtype(spec.dtype):
+            raise ReplyError(f"'{spec.name}' has dtype {array.dtype}, expected {spec.dtype}")
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise ReplyError(f"'{spec.name}' contains NaN or infinite values")
+
+
+def _count_mismatch(arrays: Sequence[np.ndarray], specs: Sequence[ArraySpec]) -> str:
+    """Name the first array that is missing or extra (a model's state has too many names to list)."""
+    if len(arrays) < len(specs):
+        return f"first missing '{specs[len(arrays)].name}'"
+    return f"first extra has shape {np.shape(arrays[len(specs)])}"
 
 
 LABEL_HOLDER = 0  # vertical federation: the party whose copy of the labels scores the consensus
