@@ -127,15 +127,23 @@ def _slug(text: str) -> str:
 # --------------------------------------------------------------------------- model loading
 
 
-def resolve_device(device: str) -> str:
-    """`auto` -> cuda when available, else cpu; `cpu` and `cuda[:n]` pass through."""
-    if device == "auto":
-        import torch
+def _check_device(device: str) -> None:
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise EmbeddingError(f"device must be auto, cpu or cuda[:n], got {device!r}")
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" or re.fullmatch(r"cuda(:\d+)?", device):
+
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda when available, else cpu; `cpu` and `cuda[:n]` pass through if usable."""
+    _check_device(device)
+    if device == "cpu":
         return device
-    raise EmbeddingError(f"device must be auto, cpu or cuda[:n], got {device!r}")
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise EmbeddingError(f"device {device!r} was asked for but CUDA is not available here")
+    return device
 
 
 def _hub_reachable() -> bool:
@@ -365,6 +373,7 @@ def embed_texts(
     `batch_size` only change float rounding and are not. `cache_dir` overrides `default_cache_dir()`.
     """
     texts = _checked_texts(texts)
+    _check_device(device)  # on a cache hit the device is never used, but a typo should still fail
     if not isinstance(batch_size, int) or batch_size < 1:
         raise EmbeddingError(f"batch_size must be a positive integer, got {batch_size!r}")
     if max_seq_length is not None and (not isinstance(max_seq_length, int) or max_seq_length < 1):

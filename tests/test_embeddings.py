@@ -349,6 +349,21 @@ def test_bad_input_fails_with_one_clear_line(loader: Loader, tmp_path: Path, tex
     assert not loader.calls
 
 
+def test_a_bad_device_fails_on_a_cache_hit_too(loader: Loader, tmp_path: Path) -> None:
+    _embed(TEXTS, tmp_path)
+    with pytest.raises(EmbeddingError, match="device must be"):
+        embed_texts(TEXTS, cache_dir=tmp_path, device="gpu")
+
+
+def test_cuda_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert embeddings.resolve_device("auto") == "cpu"
+    with pytest.raises(EmbeddingError, match="CUDA is not available"):
+        embeddings.resolve_device("cuda:0")
+
+
 # --------------------------------------------------------------------------- hub models offline
 
 
