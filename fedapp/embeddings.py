@@ -101,7 +101,7 @@ def _model_source(name: str) -> tuple[str, str]:
     if _looks_like_path(name):
         path = Path(name).expanduser().resolve()
         if not path.is_dir():
-            raise EmbeddingError(f"embedding model directory {path} does not exist")
+            raise EmbeddingError(f"embedding model {path} is not a directory (a sentence-transformers model)")
         return "dir", str(path)
     return "hub", name
 
@@ -116,8 +116,11 @@ def _directory_fingerprint(directory: Path) -> str:
 
 
 def _model_slug(name: str, source: tuple[str, str]) -> str:
-    readable = DEFAULT_MODEL if name.strip() in BUNDLED_ALIASES else Path(source[1]).name or source[1]
-    return _slug(readable.replace("/", "--"))
+    """A readable file-name part: the alias, a directory's name, or a hub name with / as --."""
+    kind, location = source
+    if name.strip() in BUNDLED_ALIASES:
+        return DEFAULT_MODEL
+    return _slug(Path(location).name if kind == "dir" else location.replace("/", "--"))
 
 
 def _slug(text: str) -> str:

@@ -338,7 +338,7 @@ def test_progress_off_a_tty_is_a_few_log_lines(loader: Loader, logged: list, tmp
         (["ok", None], {}, "text 1 is a NoneType"),
         (TEXTS, {"batch_size": 0}, "batch_size"),
         (TEXTS, {"max_seq_length": 0}, "max_seq_length"),
-        (TEXTS, {"model": "./no/such/model"}, "does not exist"),
+        (TEXTS, {"model": "./no/such/model"}, "is not a directory"),
         (TEXTS, {"device": "tpu"}, "device"),
     ],
 )
@@ -471,3 +471,9 @@ def test_load_sentence_model_exposes_what_fine_tuning_needs() -> None:
     assert model.max_seq_length == 32
     assert model.tokenizer("a title", truncation=True, max_length=32)["input_ids"]
     assert sum(p.numel() for p in model[0].auto_model.parameters()) > 1_000_000
+
+
+def test_a_folder_that_is_no_model_is_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(EmbeddingError, match=f"cannot load sentence model from {tmp_path}") as error:
+        load_sentence_model(str(tmp_path), "cpu")
+    assert "\n" not in str(error.value)
