@@ -44,6 +44,8 @@ from urllib.parse import urlparse
 import numpy as np
 from flwr.common.logger import log
 
+from fedapp.config import DEVICES
+
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
@@ -131,22 +133,20 @@ def _slug(text: str) -> str:
 
 
 def _check_device(device: str) -> None:
-    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
-        raise EmbeddingError(f"device must be auto, cpu or cuda[:n], got {device!r}")
+    if device not in DEVICES:
+        raise EmbeddingError(f"device must be one of {' | '.join(DEVICES)}, got {device!r}")
 
 
 def resolve_device(device: str) -> str:
-    """`auto` -> cuda when available, else cpu; `cpu` and `cuda[:n]` pass through if usable."""
+    """The run-config `device` as sentence-transformers takes it (torch imported only when needed)."""
     _check_device(device)
-    if device == "cpu":
-        return device
-    import torch
+    from fedapp.torch_glue import DeviceError
+    from fedapp.torch_glue import resolve_device as resolve_torch_device
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if not torch.cuda.is_available():
-        raise EmbeddingError(f"device {device!r} was asked for but CUDA is not available here")
-    return device
+    try:
+        return str(resolve_torch_device(device))
+    except DeviceError as exc:
+        raise EmbeddingError(str(exc)) from None
 
 
 def _hub_reachable() -> bool:

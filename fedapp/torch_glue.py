@@ -29,10 +29,10 @@ import torch
 from flwr.common import Array, ArrayRecord, ConfigRecord, RecordDict, Scalar
 from torch import nn
 
+from fedapp.config import DEVICES
 from fedapp.protocol import ArraySpec, ReplyError, check_arrays
 
 FINGERPRINT_KEY = "state-fingerprint"  # metrics key: the sender's StateSchema.fingerprint
-DEVICES = ("auto", "cpu", "cuda")
 StatePart = Literal["state", "trainable", "buffers"]
 
 

@@ -360,7 +360,9 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert embeddings.resolve_device("auto") == "cpu"
-    with pytest.raises(EmbeddingError, match="CUDA is not available"):
+    with pytest.raises(EmbeddingError, match="device=cuda but torch .* sees no CUDA GPU"):
+        embeddings.resolve_device("cuda")
+    with pytest.raises(EmbeddingError, match="device must be one of auto | cpu | cuda"):
         embeddings.resolve_device("cuda:0")
 
 

@@ -1,6 +1,6 @@
 """Measure `fedapp.embeddings`: encoding speed of StackOverflow titles per thread count, and a cached call.
 
-    python scripts/bench_embeddings.py [--data-dir ../shared/data] [--sample 2000] [--threads 1 2]
+    python -m simulation.bench_embeddings [--data-dir ../shared/data] [--sample 2000] [--threads 1 2]
 
 Loads the model twice (import + load, then load alone); encodes a seeded sample of titles into a fresh
 temporary cache once per thread count (texts/s, one model load included); then all 20,000 titles with
@@ -15,12 +15,9 @@ import gzip
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedapp.embeddings import DEFAULT_MODEL, embed_texts, load_sentence_model  # noqa: E402
 
