@@ -173,7 +173,7 @@ def _validate(cfg: RunConfig) -> None:
 
 
 def _validate_dataset_name(name: str) -> None:
-    from fedapp.data import available_datasets  # local: keeps config importable without heavy deps
+    from fedapp.datasets import available_datasets  # local: keeps config importable without heavy deps
 
     if name.startswith("mat:"):
         return

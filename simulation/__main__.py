@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from fedapp.config import ConfigError
-from fedapp.data import DatasetError, available_datasets
+from fedapp.datasets import DatasetError, available_datasets
 from fedapp.methods import METHODS
 from fedapp.results import format_metrics_table
 from simulation.experiments import ExperimentError, load_experiment, run_experiment

@@ -22,7 +22,7 @@ from typing import Any
 import tomli_w
 
 from fedapp.config import PROJECT_ROOT, ConfigError, RunConfig, default_run_config, parse_run_config
-from fedapp.data import load_dataset, resolve_data_dir
+from fedapp.datasets import load_dataset, resolve_data_dir
 from fedapp.local_data import views_of
 from fedapp.methods import METHODS, method_spec
 from simulation.processes import (

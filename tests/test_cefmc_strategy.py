@@ -38,7 +38,7 @@ from clients.base import ClientConfigError
 from clients.cefmc import CeFMCClient, client_round, client_round_full_representation, init_embedding
 from clients.fedcmv import init_centroids, squared_distances
 from fedapp.config import ConfigError, RunConfig, parse_run_config
-from fedapp.data import resolve_data_dir
+from fedapp.datasets import resolve_data_dir
 from fedapp.metrics import clustering_metrics, contingency_table, encode_table
 from fedapp.partition import PartitionError
 from fedapp.protocol import LABEL_HOLDER, label_dtype
