@@ -118,6 +118,7 @@ class _ArrayUnpickler(pickle.Unpickler):
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
+        ("_codecs", "encode"),  # how Python 3 writes bytes under pickle protocol 2
     }
 
     def find_class(self, module: str, name: str) -> Any:
