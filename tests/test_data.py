@@ -402,3 +402,39 @@ def test_generic_mat_reader_matches_catalogue_loaders() -> None:
         np.testing.assert_array_equal(catalogue.y, generic.y)
         for a, b in zip(catalogue.views, generic.views, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------- registry listing
+
+
+def test_registry_entries_say_kind_files_and_methods() -> None:
+    from fedapp.datasets import dataset_info, dataset_infos, methods_for_kind
+    from fedapp.methods import METHODS
+
+    infos = {info.name: info for info in dataset_infos()}
+    assert set(infos) == set(available_datasets())
+    assert infos["digits"].files == () and infos["digits"].kind == "images"
+    assert infos["hw"].files == ("hw/Handwritten.mat",)
+    assert "cefmc" in infos["hw"].methods and "cefmc" not in infos["mnist"].methods
+    for info in infos.values():
+        assert info.methods == tuple(m for m, spec in METHODS.items() if info.kind in spec.modalities)
+    assert methods_for_kind("texts") == tuple(m for m, s in METHODS.items() if "texts" in s.modalities)
+    assert dataset_info("mat:a/b.mat").files == ("a/b.mat",)
+    with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
+        dataset_info("nope")
+
+
+def test_cli_lists_every_dataset_with_kind_methods_and_files(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulation.__main__ import main
+
+    assert main(["datasets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["name", "kind", "methods", "files", "description"]
+    rows = {line.split()[0]: line for line in lines[2:] if line and not line.startswith(" ")}
+    assert set(rows) == set(available_datasets())
+    assert rows["hw"].split()[1:3] == ["multiview", "kmeans,"] and "hw/Handwritten.mat" in rows["hw"]
+    assert rows["agnews"].split()[1] == "texts" and "agnews/agnewsdataraw-8000.gz" in rows["agnews"]
+    assert rows["digits"].split()[1] == "images" and "(embedded)" in rows["digits"]
+    text = "\n".join(lines)
+    for name in ("train_X.bin", "batches.meta", "fashion-mnist/t10k-labels-idx1-ubyte.gz"):
+        assert name in text
