@@ -6,6 +6,7 @@ including malformed variants; MNIST itself is covered in test_data.py and on the
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Iterator
@@ -297,3 +298,16 @@ def test_cifar10_reads_pickles_written_by_numpy_1(tmp_path: Path) -> None:
     assert b"numpy.core.multiarray" in old_style
     path.write_bytes(old_style)
     np.testing.assert_array_equal(load_dataset("cifar10", tmp_path).images[4:8], images[4:8])
+
+
+def test_kfed_runs_on_fashion_mnist_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Acceptance: `python -m simulation run --method kfed --dataset fashion-mnist --data-dir D` runs."""
+    from simulation.__main__ import main
+
+    write_fashion_mnist(tmp_path / "data", n_train=500, n_test=100)
+    argv = ["run", "--method", "kfed", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "data")]
+    assert main([*argv, "--engine", "inprocess", "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (summary["method"], summary["dataset"], summary["num_clients"]) == ("kfed", "fashion-mnist", 10)
+    assert summary["metrics"]["nmi"] > 0.9  # the synthetic classes are well separated
+    assert "| kfed | fashion-mnist |" in capsys.readouterr().out
