@@ -438,3 +438,20 @@ def test_cli_lists_every_dataset_with_kind_methods_and_files(capsys: pytest.Capt
     text = "\n".join(lines)
     for name in ("train_X.bin", "batches.meta", "fashion-mnist/t10k-labels-idx1-ubyte.gz"):
         assert name in text
+
+
+def test_require_files_checks_without_reading(tmp_path: Path) -> None:
+    from fedapp.datasets import require_files
+
+    require_files("digits", tmp_path)  # embedded: nothing to check
+    with pytest.raises(DatasetError, match=r"missing agnews/agnewsdataraw-8000\.gz in data directory"):
+        require_files("agnews", tmp_path)
+    (tmp_path / "agnews").mkdir()
+    (tmp_path / "agnews" / "agnewsdataraw-8000.gz").write_bytes(b"not even gzip")
+    require_files("agnews", tmp_path)  # present is enough: nothing is read
+    with pytest.raises(DatasetError, match="cannot read as gzipped UTF-8"):
+        load_dataset("agnews", tmp_path)
+    with pytest.raises(DatasetError, match=r"missing x\.mat in directory"):
+        require_files("mat:x.mat", tmp_path)
+    with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
+        require_files("nope", tmp_path)

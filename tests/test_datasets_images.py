@@ -311,3 +311,14 @@ def test_kfed_runs_on_fashion_mnist_files(tmp_path: Path, capsys: pytest.Capture
     assert (summary["method"], summary["dataset"], summary["num_clients"]) == ("kfed", "fashion-mnist", 10)
     assert summary["metrics"]["nmi"] > 0.9  # the synthetic classes are well separated
     assert "| kfed | fashion-mnist |" in capsys.readouterr().out
+
+
+def test_run_with_missing_files_stops_before_any_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulation.__main__ import main
+
+    argv = ["run", "--method", "kfed", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path)]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2  # default engine: flwr, never started
+    assert "missing fashion-mnist/train-images-idx3-ubyte.gz" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -20,6 +20,7 @@ from fedapp.datasets.registry import (
     dataset_infos,
     load_dataset,
     methods_for_kind,
+    require_files,
     resolve_data_dir,
 )
 
@@ -37,5 +38,6 @@ __all__ = [
     "dataset_infos",
     "load_dataset",
     "methods_for_kind",
+    "require_files",
     "resolve_data_dir",
 ]

@@ -112,7 +112,8 @@ def _missing_data_dir_error(name: str, expected: Sequence[str]) -> DatasetError:
     )
 
 
-def _read_from_disk(name: str, source: OnDisk, data_dir: Path | None) -> Dataset:
+def _existing_files(name: str, source: OnDisk, data_dir: Path | None) -> tuple[Path, ...]:
+    """The entry's files in the data directory; an error naming every expected file if any is missing."""
     if data_dir is None:
         raise _missing_data_dir_error(name, source.files)
     missing = [f for f in source.files if not (data_dir / f).is_file()]
@@ -121,7 +122,7 @@ def _read_from_disk(name: str, source: OnDisk, data_dir: Path | None) -> Dataset
             f"dataset {name!r}: missing {', '.join(missing)} in data directory {data_dir} "
             f"(expected files: {', '.join(source.files)})"
         )
-    return source.read(name, tuple(data_dir / f for f in source.files))
+    return tuple(data_dir / f for f in source.files)
 
 
 def _mat_path(name: str, data_dir: Path | None) -> Path:
@@ -152,8 +153,25 @@ def _read(name: str, data_dir: Path | None, seed: int) -> Dataset:
     if isinstance(source, Embedded):
         return source.read(name, seed)
     if isinstance(source, OnDisk):
-        return _read_from_disk(name, source, data_dir)
+        return source.read(name, _existing_files(name, source, data_dir))
     return multiview.read_mat_file(name, _mat_path(name, data_dir))
+
+
+def require_files(name: str, data_dir: str | os.PathLike[str] | None = None) -> None:
+    """Fail now, with the error loading would give, if the dataset's files are missing (nothing is read).
+
+    For entry points: a run must not start processes that will all fail on a missing file.
+    """
+    source = DATASETS.get(name)
+    if source is None and not name.startswith(MAT_PREFIX):
+        raise _unknown_name_error(name)
+    if isinstance(source, Embedded):
+        return
+    resolved_dir = resolve_data_dir(data_dir)
+    if isinstance(source, OnDisk):
+        _existing_files(name, source, resolved_dir)
+    else:
+        _mat_path(name, resolved_dir)
 
 
 def load_dataset(
