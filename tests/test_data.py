@@ -455,3 +455,13 @@ def test_require_files_checks_without_reading(tmp_path: Path) -> None:
         require_files("mat:x.mat", tmp_path)
     with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
         require_files("nope", tmp_path)
+
+
+def test_families_cannot_register_a_name_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedapp.datasets import embedded
+
+    monkeypatch.setattr(registry, "FAMILIES", (*registry.FAMILIES, embedded))
+    with pytest.raises(
+        DatasetError, match=r"fedapp\.datasets\.embedded registers dataset names already taken"
+    ):
+        registry._gather()
