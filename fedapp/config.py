@@ -90,11 +90,12 @@ def valid_keys() -> list[str]:
     return sorted(default_run_config())
 
 
-def parse_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
+def parse_run_config(overrides: Mapping[str, Any] | None = None, *, cross_checks: bool = True) -> RunConfig:
     """Check `overrides` (Flower keys; a full `context.run_config` or just the changes) and resolve them.
 
     Unknown keys name the nearest valid one. A key of another method's table is an error unless it still
-    holds its default (Flower hands every run the defaults of every table).
+    holds its default (Flower hands every run the defaults of every table). `cross_checks=False` checks
+    each key alone (a preset that leaves the dataset open), not how the keys fit together.
     """
     raw = dict(overrides or {})
     defaults = default_run_config()
@@ -125,7 +126,8 @@ def parse_run_config(overrides: Mapping[str, Any] | None = None) -> RunConfig:
     cfg = RunConfig.parse(common, method_config=method_config)
     if cfg.partition == "auto":
         cfg = replace(cfg, partition="vertical" if spec.vertical else "iid")
-    _validate(cfg)
+    if cross_checks:
+        _validate(cfg)
     return cfg
 
 
@@ -137,14 +139,23 @@ def _validate(cfg: RunConfig) -> None:
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"
         raise ConfigError(f"method '{cfg.method}' needs {need}, got partition='{cfg.partition}'")
-    _validate_dataset_name(cfg.dataset)
+    _validate_dataset(cfg)
 
 
-def _validate_dataset_name(name: str) -> None:
-    from fedapp.data import available_datasets  # local: keeps config importable without heavy deps
+def _validate_dataset(cfg: RunConfig) -> None:
+    """The dataset exists and is of a kind the method can run on (files are checked by the runner)."""
+    from fedapp.datasets import MAT_PREFIX, available_datasets, dataset_info
 
-    if name.startswith("mat:"):
-        return
-    names = available_datasets()
-    if name not in names:
-        raise ConfigError(f"unknown dataset '{name}'; choose one of {sorted(names)} or 'mat:<path>'")
+    if cfg.dataset.startswith(MAT_PREFIX):
+        kind = "multiview"
+    elif cfg.dataset in available_datasets():
+        kind = dataset_info(cfg.dataset).kind
+    else:
+        names = sorted(name for name in available_datasets() if not name.startswith(MAT_PREFIX))
+        raise ConfigError(f"unknown dataset '{cfg.dataset}'; choose one of {names} or 'mat:<path>'")
+    accepted = method_spec(cfg.method).modalities
+    if kind not in accepted:
+        raise ConfigError(
+            f"method '{cfg.method}' runs on datasets of kind {', '.join(accepted)}; "
+            f"'{cfg.dataset}' is of kind {kind} (`python -m simulation datasets`)"
+        )

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from fedapp.config import RunConfig
-from fedapp.data import Dataset, load_dataset, resolve_data_dir
+from fedapp.datasets import Dataset, load_dataset, resolve_data_dir
 from fedapp.partition import partition_indices, vertical_view
 from fedapp.preprocessing import scale_view
 

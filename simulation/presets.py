@@ -56,7 +56,7 @@ def load_preset(name: str) -> Preset:
         raise ConfigError(f"preset file {path}: [preset] needs a method")
     overrides = {**flatten_dict(doc.get("config", {})), "method": method}
     try:
-        parse_run_config(overrides)
+        parse_run_config(overrides, cross_checks=False)  # the dataset may come from the command line
     except ConfigError as exc:
         raise ConfigError(f"preset '{name}' ({path}): {exc}") from None
     return Preset(name, method, str(head.get("description", "")), overrides)

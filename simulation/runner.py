@@ -22,7 +22,7 @@ from typing import Any
 import tomli_w
 
 from fedapp.config import PROJECT_ROOT, ConfigError, RunConfig, default_run_config, parse_run_config
-from fedapp.data import load_dataset, resolve_data_dir
+from fedapp.datasets import load_dataset, require_files, resolve_data_dir
 from fedapp.local_data import views_of
 from fedapp.methods import METHODS, method_spec
 from simulation.processes import (
@@ -164,6 +164,7 @@ def execute(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
     cfg = parse_run_config(overrides)  # fails before any process starts
+    require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
     resources = resources or ClientResources()
     resources.validate()
     if cfg.device == "cuda" and cuda_device_count() == 0:

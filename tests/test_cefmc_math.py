@@ -246,7 +246,7 @@ def test_reference_run_counts_the_papers_messages():
 def _load_hw() -> tuple[list[np.ndarray], np.ndarray]:
     """HW through the project's loader when it is there, else straight from the .mat file; skip if absent."""
     try:
-        from fedapp.data import load_dataset
+        from fedapp.datasets import load_dataset
 
         dataset = load_dataset("hw")
         return [np.asarray(v) for v in dataset.views], np.asarray(dataset.y)

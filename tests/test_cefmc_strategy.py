@@ -38,7 +38,7 @@ from clients.base import ClientConfigError
 from clients.cefmc import CeFMCClient, client_round, client_round_full_representation, init_embedding
 from clients.fedcmv import init_centroids, squared_distances
 from fedapp.config import ConfigError, RunConfig, parse_run_config
-from fedapp.data import resolve_data_dir
+from fedapp.datasets import resolve_data_dir
 from fedapp.methods import METHODS
 from fedapp.methods.fedcmv import choose_initial_samples
 from fedapp.metrics import clustering_metrics, contingency_table, encode_table
@@ -827,7 +827,8 @@ def test_vertical_method_needs_one_client_per_view(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("method", ["cefmc", "cefmc-h", "fedcmv", "fedfcmv"])
 def test_vertical_method_on_a_single_view_dataset_is_a_clear_error(tmp_path: Path, method: str) -> None:
-    with pytest.raises(ConfigError, match="dataset 'digits' has no views.*multi-view"):
+    expected = f"method '{method}' runs on datasets of kind multiview; 'digits' is of kind images"
+    with pytest.raises(ConfigError, match=expected):
         build_overrides({"method": method, "dataset": "digits"}, tmp_path)
 
 

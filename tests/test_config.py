@@ -106,7 +106,7 @@ def test_a_full_flower_run_config_of_every_table_is_accepted() -> None:
 
 
 def test_method_keys_are_typed_and_shared_by_variants() -> None:
-    cfg = parse_run_config({"method": "cefmc-h", "cefmc.h-iters": 3.0})
+    cfg = parse_run_config({"method": "cefmc-h", "dataset": "digits-mv", "cefmc.h-iters": 3.0})
     assert cfg.params(CeFMCConfig).h_iters == 3 and isinstance(cfg.params(CeFMCConfig).h_iters, int)
     assert cfg.params(CeFMCConfig).effective_beta == 1.0
     assert parse_run_config({"method": "kmeans"}).method_config is None

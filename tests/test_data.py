@@ -1,4 +1,6 @@
-"""Tests for the dataset registry: embedded data, errors, caching, subsampling, `mat:` files, data dirs."""
+"""Tests for the dataset registry: embedded data, errors, caching, subsampling, `mat:` files, data dirs.
+
+Image families (MNIST, Fashion-MNIST, CIFAR-10, STL-10) are tested in test_datasets_images.py."""
 
 from __future__ import annotations
 
@@ -10,8 +12,18 @@ import numpy as np
 import pytest
 import scipy.io
 
-from fedapp import data
-from fedapp.data import EMBEDDED, Dataset, DatasetError, available_datasets, load_dataset, resolve_data_dir
+from fedapp.datasets import (
+    DATA_DIR_ENV,
+    EMBEDDED,
+    Dataset,
+    DatasetError,
+    available_datasets,
+    load_dataset,
+    registry,
+    resolve_data_dir,
+)
+from fedapp.datasets import images as image_family
+from fedapp.datasets.common import stratified_counts
 
 SHARED = resolve_data_dir()
 without_shared_data = pytest.mark.skipif(
@@ -22,9 +34,9 @@ without_shared_data = pytest.mark.skipif(
 @pytest.fixture
 def fresh_cache() -> Iterator[None]:
     """Empty the per-process cache so a test really re-reads (and restores isolation afterwards)."""
-    data._load_cached.cache_clear()
+    registry._load_cached.cache_clear()
     yield
-    data._load_cached.cache_clear()
+    registry._load_cached.cache_clear()
 
 
 def _cells(*views: np.ndarray) -> np.ndarray:
@@ -62,9 +74,15 @@ def test_embedded_names_are_listed() -> None:
 
 def test_digits() -> None:
     ds = load_dataset("digits")
-    assert (ds.kind, ds.n_samples, ds.n_classes) == ("vectors", 1797, 10)
-    assert ds.features is not None and ds.features.shape == (1797, 64)
+    assert (ds.kind, ds.n_samples, ds.n_classes) == ("images", 1797, 10)
+    assert ds.images is not None and ds.images.shape == (1797, 1, 8, 8) and ds.image_shape == (1, 8, 8)
+    assert ds.features is not None and ds.features.shape == (1797, 64) and ds.features.dtype == np.float64
     assert ds.features.min() == 0.0 and ds.features.max() == 1.0
+    # features stay bit-identical to the flattened pixels / 16 of earlier versions (results must not move)
+    from sklearn.datasets import load_digits
+
+    np.testing.assert_array_equal(ds.features, load_digits().data / 16.0)
+    np.testing.assert_array_equal(ds.unit_images(np.arange(3)), ds.images[:3])
     assert ds.y.dtype == np.int64 and set(np.unique(ds.y)) == set(range(10))
     assert ds.class_names == tuple("0123456789")
 
@@ -91,7 +109,7 @@ def test_blobs_follow_the_seed() -> None:
 @pytest.mark.parametrize("name", EMBEDDED)
 def test_embedded_datasets_are_deterministic(name: str, fresh_cache: None) -> None:
     first = load_dataset(name, seed=1)
-    data._load_cached.cache_clear()
+    registry._load_cached.cache_clear()
     second = load_dataset(name, seed=1)
     assert first is not second
     np.testing.assert_array_equal(first.y, second.y)
@@ -101,7 +119,7 @@ def test_embedded_datasets_are_deterministic(name: str, fresh_cache: None) -> No
 @pytest.mark.parametrize("name", EMBEDDED)
 def test_arrays_are_read_only(name: str) -> None:
     ds = load_dataset(name)
-    arrays = [ds.y, ds.features, *(ds.views or ())]
+    arrays = [a for a in (ds.y, ds.features, ds.images, ds.vectors, *(ds.views or ())) if a is not None]
     assert all(not a.flags.writeable for a in arrays)
     with pytest.raises(ValueError, match="read-only"):
         ds.y[0] = 1
@@ -122,7 +140,7 @@ def test_missing_files_name_directory_and_every_expected_file(tmp_path: Path) ->
         load_dataset("mnist", tmp_path)
     message = str(info.value)
     assert str(tmp_path) in message
-    for file_name in data.MNIST_COUNTS:
+    for file_name in image_family.MNIST_COUNTS:
         assert f"mnist/{file_name}" in message
 
 
@@ -135,9 +153,9 @@ def test_partly_missing_files(tmp_path: Path) -> None:
 
 
 def test_no_data_directory_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(data.DATA_DIR_ENV, raising=False)
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(data, "PROJECT_ROOT", tmp_path / "project")
+    monkeypatch.setattr(registry, "PROJECT_ROOT", tmp_path / "project")
     with pytest.raises(DatasetError, match=r"no data directory.*hw/Handwritten\.mat"):
         load_dataset("hw")
 
@@ -176,12 +194,19 @@ def test_malformed_arff_is_reported(tmp_path: Path) -> None:
 
 
 def test_dataset_checks_its_own_consistency() -> None:
+    labels = np.zeros(2, np.int64)
     with pytest.raises(DatasetError, match="kind must be one of"):
-        Dataset(name="x", kind="images", y=np.zeros(2, np.int64), n_classes=1, features=np.zeros((2, 1)))
+        Dataset(name="x", kind="graphs", y=labels, n_classes=1, vectors=np.zeros((2, 1)))
     with pytest.raises(DatasetError, match="payload row counts"):
-        Dataset(name="x", kind="vectors", y=np.zeros(2, np.int64), n_classes=1, features=np.zeros((3, 1)))
+        Dataset(name="x", kind="vectors", y=labels, n_classes=1, vectors=np.zeros((3, 1)))
     with pytest.raises(DatasetError, match="needs its payload"):
-        Dataset(name="x", kind="texts", y=np.zeros(2, np.int64), n_classes=1)
+        Dataset(name="x", kind="texts", y=labels, n_classes=1)
+    with pytest.raises(DatasetError, match="needs its payload"):
+        Dataset(name="x", kind="images", y=labels, n_classes=1, vectors=np.zeros((2, 4)))
+    with pytest.raises(DatasetError, match="images must be N x C x H x W"):
+        Dataset(name="x", kind="images", y=labels, n_classes=1, images=np.zeros((2, 4, 4), np.uint8))
+    with pytest.raises(DatasetError, match="has no images"):
+        Dataset(name="x", kind="vectors", y=labels, n_classes=1, vectors=np.zeros((2, 1))).unit_images()
 
 
 # --------------------------------------------------------------------------- caching and subsampling
@@ -204,7 +229,7 @@ def test_subsample_is_exact_stratified_and_seeded(fresh_cache: None) -> None:
     assert first.views is not None and all(len(v) == 123 for v in first.views)
     np.testing.assert_array_equal(first.features, np.hstack(first.views))
     assert np.bincount(first.y, minlength=10).min() >= 12  # about 123 / 10 per class
-    data._load_cached.cache_clear()
+    registry._load_cached.cache_clear()
     again = load_dataset("digits-mv", max_samples=123, seed=7)
     np.testing.assert_array_equal(first.features, again.features)
     np.testing.assert_array_equal(first.y, again.y)
@@ -230,7 +255,7 @@ def test_subsample_limits() -> None:
 
 def test_stratified_counts_keep_rare_classes() -> None:
     sizes = np.array([1000, 10, 1, 300])
-    counts = data._stratified_counts(sizes, 50)
+    counts = stratified_counts(sizes, 50)
     assert counts.sum() == 50 and (counts >= 1).all() and (counts <= sizes).all()
     assert counts[0] > counts[3] > counts[1] >= counts[2] == 1
 
@@ -303,14 +328,14 @@ def test_resolve_data_dir_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     beside_project = tmp_path / "b" / "shared" / "data"
     for folder in (beside_cwd, beside_project, tmp_path / "a" / "work", tmp_path / "b" / "main"):
         folder.mkdir(parents=True)
-    monkeypatch.setattr(data, "PROJECT_ROOT", tmp_path / "b" / "main")
+    monkeypatch.setattr(registry, "PROJECT_ROOT", tmp_path / "b" / "main")
     monkeypatch.chdir(tmp_path / "a" / "work")
-    monkeypatch.setenv(data.DATA_DIR_ENV, str(tmp_path / "env"))
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "env"))
 
     assert resolve_data_dir(tmp_path / "explicit") == tmp_path / "explicit"  # need not exist
     assert resolve_data_dir("") == tmp_path / "env"
     assert resolve_data_dir() == tmp_path / "env"
-    monkeypatch.setenv(data.DATA_DIR_ENV, "")
+    monkeypatch.setenv(DATA_DIR_ENV, "")
     assert resolve_data_dir() == beside_cwd
     beside_cwd.rmdir()
     assert resolve_data_dir() == beside_project
@@ -348,6 +373,10 @@ def test_shared_dataset_shapes(name: str, n: int, widths: tuple[int, ...] | None
         assert ds.features is not None and ds.features.shape == (n, sum(widths))
     else:
         assert ds.features is not None and ds.features.shape == (n, *widths)
+        if ds.kind == "images":
+            assert ds.images is not None and ds.images.dtype == np.uint8
+            assert ds.images.shape == (n, 1, 28, 28)
+            np.testing.assert_array_equal(ds.features[:50], ds.images[:50].reshape(50, -1) / np.float32(255))
 
 
 @pytest.mark.shared_data
@@ -373,3 +402,66 @@ def test_generic_mat_reader_matches_catalogue_loaders() -> None:
         np.testing.assert_array_equal(catalogue.y, generic.y)
         for a, b in zip(catalogue.views, generic.views, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------- registry listing
+
+
+def test_registry_entries_say_kind_files_and_methods() -> None:
+    from fedapp.datasets import dataset_info, dataset_infos, methods_for_kind
+    from fedapp.methods import METHODS
+
+    infos = {info.name: info for info in dataset_infos()}
+    assert set(infos) == set(available_datasets())
+    assert infos["digits"].files == () and infos["digits"].kind == "images"
+    assert infos["hw"].files == ("hw/Handwritten.mat",)
+    assert "cefmc" in infos["hw"].methods and "cefmc" not in infos["mnist"].methods
+    for info in infos.values():
+        assert info.methods == tuple(m for m, spec in METHODS.items() if info.kind in spec.modalities)
+    assert methods_for_kind("texts") == tuple(m for m, s in METHODS.items() if "texts" in s.modalities)
+    assert dataset_info("mat:a/b.mat").files == ("a/b.mat",)
+    with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
+        dataset_info("nope")
+
+
+def test_cli_lists_every_dataset_with_kind_methods_and_files(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulation.__main__ import main
+
+    assert main(["datasets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["name", "kind", "methods", "files", "description"]
+    rows = {line.split()[0]: line for line in lines[2:] if line and not line.startswith(" ")}
+    assert set(rows) == set(available_datasets())
+    assert rows["hw"].split()[1:3] == ["multiview", "kmeans,"] and "hw/Handwritten.mat" in rows["hw"]
+    assert rows["agnews"].split()[1] == "texts" and "agnews/agnewsdataraw-8000.gz" in rows["agnews"]
+    assert rows["digits"].split()[1] == "images" and "(embedded)" in rows["digits"]
+    text = "\n".join(lines)
+    for name in ("train_X.bin", "batches.meta", "fashion-mnist/t10k-labels-idx1-ubyte.gz"):
+        assert name in text
+
+
+def test_require_files_checks_without_reading(tmp_path: Path) -> None:
+    from fedapp.datasets import require_files
+
+    require_files("digits", tmp_path)  # embedded: nothing to check
+    with pytest.raises(DatasetError, match=r"missing agnews/agnewsdataraw-8000\.gz in data directory"):
+        require_files("agnews", tmp_path)
+    (tmp_path / "agnews").mkdir()
+    (tmp_path / "agnews" / "agnewsdataraw-8000.gz").write_bytes(b"not even gzip")
+    require_files("agnews", tmp_path)  # present is enough: nothing is read
+    with pytest.raises(DatasetError, match="cannot read as gzipped UTF-8"):
+        load_dataset("agnews", tmp_path)
+    with pytest.raises(DatasetError, match=r"missing x\.mat in directory"):
+        require_files("mat:x.mat", tmp_path)
+    with pytest.raises(DatasetError, match="unknown dataset 'nope'"):
+        require_files("nope", tmp_path)
+
+
+def test_families_cannot_register_a_name_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedapp.datasets import embedded
+
+    monkeypatch.setattr(registry, "FAMILIES", (*registry.FAMILIES, embedded))
+    with pytest.raises(
+        DatasetError, match=r"fedapp\.datasets\.embedded registers dataset names already taken"
+    ):
+        registry._gather()

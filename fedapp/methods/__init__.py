@@ -29,7 +29,7 @@ class MethodSpec:
     strategy: str | None
     client: str | None
     vertical: bool = False
-    # dataset kinds this method can run on (see fedapp.data KINDS); horizontal vector methods take
+    # dataset kinds this method can run on (see fedapp.datasets KINDS); horizontal vector methods take
     # images flattened and multi-view sets with their views concatenated
     modalities: tuple[str, ...] = ("vectors", "images", "multiview")
     config: type[ConfigSection] | None = None  # the method's own keys; None: it has none

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
-from fedapp.data import load_dataset, resolve_data_dir
+from fedapp.datasets import load_dataset, resolve_data_dir
 from simulation.cefmc.reference import run_reference
 from simulation.runner import build_overrides, execute
 

@@ -15,7 +15,7 @@ import statistics
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from fedapp.data import load_dataset, resolve_data_dir
+from fedapp.datasets import load_dataset, resolve_data_dir
 from fedapp.metrics import clustering_metrics, contingency_table
 from simulation.cefmc.reference import run_reference
 

@@ -1,0 +1,85 @@
+"""Short texts for text clustering (FSTC): StackOverflow titles, Biomedical titles, AgNews items.
+
+Raw strings as distributed (see the data catalogue for casing and preprocessing); embedding them is the
+caller's business. Sample and class counts are checked against the catalogue.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedapp.datasets.common import Dataset, DatasetError, OnDisk, build, read_gzip_text
+
+# Label order 1..20 as given in the data catalogue (jacoxu/StackOverflow).
+# fmt: off
+STACKOVERFLOW_TAGS = (
+    "wordpress", "oracle", "svn", "apache", "excel", "matlab", "visual-studio", "cocoa", "osx", "bash",
+    "spring", "hibernate", "scala", "sharepoint", "ajax", "qt", "drupal", "linq", "haskell", "magento",
+)
+# fmt: on
+
+
+def _split_label_tab_text(rows: list[str], path: Path) -> tuple[list[int], list[str]]:
+    """`label<TAB>text` rows -> integer labels and texts."""
+    labels, texts = [], []
+    for number, row in enumerate(rows, start=1):
+        label, tab, text = row.partition("\t")
+        if not tab or not label.strip().isdigit():
+            raise DatasetError(f"{path}: line {number} is not 'label<TAB>text'")
+        labels.append(int(label))
+        texts.append(text)
+    return labels, texts
+
+
+def _read_stackoverflow(name: str, paths: tuple[Path, ...]) -> Dataset:
+    title_path, label_path = paths
+    texts = read_gzip_text(title_path).split("\n")[:-1]  # LF-terminated, one title per line
+    try:
+        labels = [int(x) for x in read_gzip_text(label_path).split()]
+    except ValueError as exc:
+        raise DatasetError(f"{label_path}: non-integer label: {exc}") from exc
+    if len(texts) != len(labels):
+        raise DatasetError(
+            f"{title_path}: {len(texts)} titles but {label_path.name} holds {len(labels)} labels"
+        )
+    return build(
+        name,
+        "texts",
+        labels,
+        source=title_path,
+        expected_n=20_000,
+        expected_classes=20,
+        texts=texts,
+        class_names=STACKOVERFLOW_TAGS,
+    )
+
+
+def _read_biomedical(name: str, paths: tuple[Path, ...]) -> Dataset:
+    rows = [r for r in read_gzip_text(paths[0]).split("\r\n") if r]  # CRLF, no final newline
+    labels, texts = _split_label_tab_text(rows, paths[0])
+    return build(name, "texts", labels, source=paths[0], expected_n=20_000, expected_classes=20, texts=texts)
+
+
+def _read_agnews(name: str, paths: tuple[Path, ...]) -> Dataset:
+    rows = read_gzip_text(paths[0]).split("\n")[:-1]  # LF-terminated
+    labels, texts = _split_label_tab_text(rows, paths[0])
+    return build(name, "texts", labels, source=paths[0], expected_n=8_000, expected_classes=4, texts=texts)
+
+
+DATASETS: dict[str, OnDisk] = {
+    "stackoverflow": OnDisk(
+        "texts",
+        "StackOverflow question titles, 20,000 texts, 20 tags",
+        ("stackoverflow/title_StackOverflow.txt.gz", "stackoverflow/label_StackOverflow.txt.gz"),
+        _read_stackoverflow,
+    ),
+    "biomedical": OnDisk(
+        "texts",
+        "Biomedical paper titles, 20,000 texts, 20 topics",
+        ("biomedical/biomedical_true_text.gz",),
+        _read_biomedical,
+    ),
+    "agnews": OnDisk(
+        "texts", "AgNews subset, 8,000 texts, 4 classes", ("agnews/agnewsdataraw-8000.gz",), _read_agnews
+    ),
+}
