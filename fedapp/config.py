@@ -54,6 +54,12 @@ class RunConfig(ConfigSection):
         "none", choices=SCALINGS, doc="feature scaling each client applies to its own data"
     )
     out_dir: str = config_key("", doc='output directory; "" -> results/<method>-<dataset>-s<seed>')
+    eval_every: int = config_key(
+        1, ge=1, doc="evaluate every N rounds (and always after the last round or when the method stops)"
+    )
+    dropout_rate: float = config_key(
+        0.0, ge=0.0, lt=1.0, doc="simulated unavailability: a seeded fraction of clients skips each fit round"
+    )
     device: str = config_key("auto", choices=DEVICES, doc="torch device; auto = cuda when available")
     deterministic: bool = config_key(False, doc="torch deterministic algorithms (slower; bitwise repeatable)")
     embedding_model: str = config_key(

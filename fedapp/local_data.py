@@ -9,7 +9,7 @@ maps (run config, partition id) to local arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -19,18 +19,55 @@ from fedapp.partition import partition_indices, vertical_view
 from fedapp.preprocessing import scale_view
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LocalData:
-    """A client's samples (row-aligned features and labels) and the global class count."""
+    """A client's rows of a dataset, in whatever form its method reads them.
 
-    features: np.ndarray
-    labels: np.ndarray
-    n_classes: int
+    `features` (vector methods), `images()` (conv nets) and `texts` (text methods) are the same rows
+    `indices` of the dataset, computed on first use: a CCFC client on CIFAR-10 never flattens images, an
+    FSTC client never asks for features. `view` is set for vertical federations (all rows, one view).
+    """
+
+    dataset: Dataset
     indices: np.ndarray
+    scaling: str = "none"
+    view: int | None = None
 
     @property
     def n_samples(self) -> int:
-        return int(self.labels.shape[0])
+        return int(len(self.indices))
+
+    @property
+    def n_classes(self) -> int:
+        return self.dataset.n_classes
+
+    @cached_property
+    def labels(self) -> np.ndarray:
+        """Ground truth for evaluation only: never leaves the client (contingency tables do)."""
+        return self.dataset.y[self.indices]
+
+    @cached_property
+    def features(self) -> np.ndarray:
+        """N_local x D vectors, scaled by this client per `scaling` ("none": the dataset's own values)."""
+        if self.view is not None:
+            rows = self.dataset.views[self.view] if self.dataset.views is not None else None
+        else:
+            rows = None if self.dataset.features is None else self.dataset.features[self.indices]
+        if rows is None:
+            raise ValueError(
+                f"dataset '{self.dataset.name}' has no vector features (kind '{self.dataset.kind}')"
+            )
+        return rows if self.scaling == "none" and self.view is None else scale_view(rows, self.scaling)
+
+    def images(self) -> np.ndarray:
+        """N_local x C x H x W float images in [0, 1] (a fresh array: callers may modify it)."""
+        return self.dataset.unit_images(self.indices)
+
+    @property
+    def texts(self) -> list[str]:
+        if self.dataset.texts is None:
+            raise ValueError(f"dataset '{self.dataset.name}' has no texts (kind '{self.dataset.kind}')")
+        return [self.dataset.texts[i] for i in self.indices]
 
 
 def load_run_dataset(cfg: RunConfig) -> Dataset:
@@ -74,12 +111,8 @@ def _local_partition(
 ) -> LocalData:
     # Cached: Flower rebuilds the client every round, and a Ray actor may host several virtual clients.
     data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
-    if data.features is None:
-        raise ValueError(f"dataset '{dataset}' has no vector features (kind '{data.kind}')")
     parts = partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha)
-    idx = parts[partition_id]
-    features = data.features[idx] if scaling == "none" else scale_view(data.features[idx], scaling)
-    return LocalData(features, data.y[idx], data.n_classes, idx)
+    return LocalData(data, parts[partition_id], scaling)
 
 
 def local_view(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
@@ -103,8 +136,8 @@ def _local_view(
     num_partitions: int,
 ) -> LocalData:
     data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
-    view = scale_view(vertical_view(views_of(data), partition_id, num_partitions), scaling)
-    return LocalData(view, data.y, data.n_classes, np.arange(data.n_samples))
+    vertical_view(views_of(data), partition_id, num_partitions)  # checks the view count
+    return LocalData(data, np.arange(data.n_samples), scaling, view=partition_id)
 
 
 def views_of(data: Dataset) -> tuple[np.ndarray, ...]:

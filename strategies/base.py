@@ -103,8 +103,8 @@ class ClusteringStrategy(Strategy):
         self._empty_rounds = 0
         self._started = time.perf_counter()
         self._round_started: dict[int, float] = {}  # rounds in which clients were asked to fit
-        self._fit_stats: dict[int, dict[str, Scalar]] = {}
         self._reported: set[int] = set()
+        self.participation: dict[int, dict[str, Any]] = {}  # per fit round: sampled / dropped / outcomes
 
     # ----------------------------------------------------------------------------------------- hooks
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
@@ -147,6 +147,33 @@ class ClusteringStrategy(Strategy):
         # An empty model: clients must not be asked for initial parameters (the server owns the init).
         return ndarrays_to_parameters([])
 
+    def simulate_dropout(self, server_round: int, clients: list[ClientProxy]) -> list[ClientProxy]:
+        """Run-config `dropout-rate`: round(rate * n) clients, drawn from (seed, round), sit this round out.
+
+        They get no fit instruction, as if disconnected (the CCFC paper's Fig. 6); at least one client
+        always stays. The draw depends only on the seed, the round and the sorted client ids.
+        """
+        rate = self.cfg.dropout_rate
+        if rate <= 0 or len(clients) <= 1:
+            return clients
+        n_drop = min(round(rate * len(clients)), len(clients) - 1)
+        rng = np.random.default_rng([self.cfg.seed, server_round, 0xD20])  # its own stream
+        dropped = set(rng.choice(len(clients), size=n_drop, replace=False).tolist())
+        kept = [client for index, client in enumerate(clients) if index not in dropped]
+        log(
+            INFO,
+            "round %d: dropout-rate %.2f: %d of %d clients sit out",
+            server_round,
+            rate,
+            n_drop,
+            len(clients),
+        )
+        return kept
+
+    def should_evaluate(self, server_round: int) -> bool:
+        """Run-config `eval-every`, plus the last round and the round the method stops in."""
+        return self.finished or server_round >= self.cfg.num_rounds or server_round % self.cfg.eval_every == 0
+
     def _clients(self, client_manager: ClientManager) -> list[ClientProxy]:
         wanted = self.cfg.num_clients or 1  # 0: every SuperNode connected when the round starts
         if not client_manager.wait_for(wanted, timeout=CLIENT_WAIT_S):
@@ -166,7 +193,13 @@ class ClusteringStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         if self.finished:
             return []
-        instructions = self.fit_instructions(server_round, parameters, self._clients(client_manager))
+        clients = self._clients(client_manager)
+        available = self.simulate_dropout(server_round, clients)
+        self.participation[server_round] = {
+            "sampled": [client.cid for client in clients],
+            "dropped": sorted(set(client.cid for client in clients) - {c.cid for c in available}),
+        }
+        instructions = self.fit_instructions(server_round, parameters, available)
         if instructions:
             self._round_started[server_round] = time.perf_counter()
         for client, ins in instructions:
@@ -202,7 +235,15 @@ class ClusteringStrategy(Strategy):
             "rejected": rejected,
             "failures": len(failures),
         }
-        self._fit_stats[server_round] = stats
+        accepted = {reply.cid for reply in consistent}
+        self.participation.setdefault(server_round, {}).update(
+            accepted=sorted(accepted),
+            rejected=sorted({client.cid for client, _ in results} - accepted),
+            failed=sorted(
+                failure[0].cid if isinstance(failure, tuple) else type(failure).__name__
+                for failure in failures
+            ),
+        )
         if not consistent:
             log(WARNING, "round %d: no valid client reply; the global model is unchanged", server_round)
             self._empty_rounds += 1
@@ -247,7 +288,7 @@ class ClusteringStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if self._final_evaluated or not parameters.tensors:
+        if self._final_evaluated or not parameters.tensors or not self.should_evaluate(server_round):
             self.report_round(server_round)
             return []
         ins = EvaluateIns(parameters, {"server-round": server_round})
@@ -320,17 +361,19 @@ class ClusteringStrategy(Strategy):
         self._reported.add(server_round)
         seconds = time.perf_counter() - self._round_started[server_round]
         traffic = self.ledger.round_totals().get(server_round, {"up": 0, "down": 0})
-        stats = self._fit_stats.get(server_round, {})
         parts = [f"round {server_round}/{self.cfg.num_rounds}", f"{seconds:6.2f} s"]
         if metrics:
             parts.append(" ".join(f"{key} {100 * metrics[key]:.2f}" for key in self.headline_metrics))
         parts.append(f"up {_human_bytes(traffic['up'])} down {_human_bytes(traffic['down'])}")
-        if stats:
-            answered = int(stats["accepted"]) + int(stats["rejected"]) + int(stats["failures"])
-            clients = f"{stats['accepted']}/{answered} clients"
-            if stats["rejected"] or stats["failures"]:
-                clients += f" ({stats['rejected']} rejected, {stats['failures']} failed)"
-            parts.append(clients)
+        record = self.participation.get(server_round, {})
+        if "accepted" in record:
+            clients = f"{len(record['accepted'])}/{len(record['sampled'])} clients"
+            problems = [
+                f"{len(record[key])} {word}"
+                for key, word in (("dropped", "sat out"), ("rejected", "rejected"), ("failed", "failed"))
+                if record[key]
+            ]
+            parts.append(clients + (f" ({', '.join(problems)})" if problems else ""))
         log(INFO, "%s %s", PROGRESS_MARKER, " | ".join(parts))
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
@@ -350,6 +393,7 @@ class ClusteringStrategy(Strategy):
             "wall_seconds": time.perf_counter() - self._started,
             "stop_reason": self.stop_reason or ("finished" if self.finished else "max rounds"),
             "config": self.cfg.to_dict(),
+            "participation": {str(r): record for r, record in sorted(self.participation.items())},
             **self.extra_summary(),
         }
 

@@ -551,3 +551,41 @@ def test_one_valid_round_resets_the_empty_round_count(tmp_path: Path) -> None:
     good = _fit_res([TRUE_CENTRES, np.ones(3, dtype=np.int64)], {"partition-id": 0, "k": 3})
     parameters, _ = strategy.aggregate_fit(MAX_EMPTY_ROUNDS, [(_proxy("a"), good)], [])
     assert parameters is not None and strategy.stop_reason == "one-shot"
+
+
+# ------------------------------------------------------------------------ dropout-rate and eval-every
+@pytest.mark.parametrize(("rate", "n_dropped"), [(0.0, 0), (0.3, 3), (0.5, 5), (0.99, 9)])
+def test_dropout_rate_skips_a_seeded_fraction_of_clients(tmp_path: Path, rate: float, n_dropped: int) -> None:
+    cids = [f"c{i}" for i in range(10)]
+    strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm", **{"dropout-rate": rate, "num-clients": 10}))
+    instructions = strategy.configure_fit(1, ndarrays_to_parameters([]), _manager(cids))
+    asked = sorted(client.cid for client, _ in instructions)
+    assert len(asked) == 10 - n_dropped  # at least one client always stays
+    assert strategy.participation[1]["dropped"] == sorted(set(cids) - set(asked))
+    again = FFCMStrategy(_cfg(tmp_path, method="ffcm", **{"dropout-rate": rate, "num-clients": 10}))
+    same = again.configure_fit(1, ndarrays_to_parameters([]), _manager(cids))
+    assert sorted(client.cid for client, _ in same) == asked  # same seed and round, same draw
+    if n_dropped:
+        later = again.configure_fit(2, ndarrays_to_parameters([]), _manager(cids))
+        rounds = [asked, sorted(client.cid for client, _ in later)]
+        assert len(rounds[1]) == len(asked)  # the fraction is fixed, the members change with the round
+        draws = {
+            tuple(
+                sorted(c.cid for c, _ in again.configure_fit(r, ndarrays_to_parameters([]), _manager(cids)))
+            )
+            for r in range(3, 9)
+        }
+        assert len(draws) > 1
+
+
+@pytest.mark.parametrize(("eval_every", "evaluated"), [(1, [1, 2, 3, 4, 5]), (2, [2, 4, 5]), (10, [5])])
+def test_eval_every_evaluates_on_its_cadence_and_after_the_last_round(
+    tmp_path: Path, eval_every: int, evaluated: list[int]
+) -> None:
+    strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm", **{"eval-every": eval_every, "num-rounds": 5}))
+    manager = _manager(["a", "b", "c"])
+    model = ndarrays_to_parameters([np.zeros((3, 2))])
+    asked = [r for r in range(1, 6) if strategy.configure_evaluate(r, model, manager)]
+    assert asked == evaluated
+    strategy.finished = True  # a method that stops early is evaluated in the round it stops
+    assert strategy.configure_evaluate(3, model, manager)
