@@ -23,15 +23,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tomli_w  # noqa: E402
 
 from fedapp.config import PROJECT_ROOT, parse_run_config  # noqa: E402
+from fedapp.results import exit_code  # noqa: E402
 from simulation.presets import apply_preset  # noqa: E402
 from simulation.processes import (  # noqa: E402
+    RUN_TOKEN_ENV,
+    Interrupted,
     ProcessError,
     console_script,
     flower_env,
     free_port,
+    interruptible,
     run_filtered,
     start_logged,
-    stop_process,
+    stop_run,
     wait_for_health,
 )
 from simulation.runner import build_overrides, parse_set_options  # noqa: E402
@@ -104,13 +108,14 @@ def deploy(overrides: dict, num_clients: int, work_dir: Path) -> int:
             [*command, "--run-config", str(run_config)], env, log_path, quiet=False, cwd=PROJECT_ROOT
         )
     finally:
-        for process in reversed(started):  # SuperNodes first, then the SuperLink
-            stop_process(process)
+        leftovers = stop_run(env[RUN_TOKEN_ENV], started)  # every process carrying this run's token
         still_running = [process for process in started if process.poll() is None]
         pids_path = Path(overrides["out-dir"]) / "deploy-pids.json"
         pids_path.parent.mkdir(parents=True, exist_ok=True)
         pids_path.write_text(json.dumps(pids, indent=2))
         print(f"stopped {len(started) - len(still_running)}/{len(started)} processes", flush=True)
+        if leftovers:
+            print(f"warning: processes {leftovers} of this deployment did not stop", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fedapp-deploy-") as tmp:
         try:
-            code = deploy(overrides, args.clients, Path(tmp))
+            with interruptible():
+                code = deploy(overrides, args.clients, Path(tmp))
+        except Interrupted as exc:
+            print(f"{exc}: stopped every process this deployment started", file=sys.stderr)
+            return exc.exit_code
         except ProcessError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -151,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     if code != 0 or not summary.exists():
         print(f"error: flwr run exit code {code}; summary.json present: {summary.exists()}", file=sys.stderr)
         return 1
-    metrics = json.loads(summary.read_text())["metrics"]
+    result = json.loads(summary.read_text())
+    status = result.get("status", "running")
     print(
-        f"deployment finished in {time.perf_counter() - started:.1f} s: "
-        + "  ".join(f"{k}={100 * v:.2f}" for k, v in metrics.items())
+        f"deployment {status} in {time.perf_counter() - started:.1f} s ({result.get('status_reason', '')}): "
+        + "  ".join(f"{k}={100 * v:.2f}" for k, v in result.get("metrics", {}).items())
     )
-    return 0
+    return exit_code(result)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,15 @@ METRIC_KEYS = ("acc", "nmi", "ari", "purity", "kappa")
 PROGRESS_MARKER = "[fedapp]"  # log lines the runners show on the terminal (the rest goes to the log file)
 
 
+# Exit codes of the entry points (2 is a bad input, refused before anything starts).
+EXIT_CODES = {"completed": 0, "converged": 0, "failed": 1, "degraded": 3}
+
+
+def exit_code(summary: Mapping[str, Any]) -> int:
+    """0 only for a run that completed (or converged) with every client; see EXIT_CODES."""
+    return EXIT_CODES.get(str(summary.get("status")), 1)
+
+
 def progress_text(line: str) -> str:
     """The text after the progress marker (drops Flower's `INFO :` prefix and the marker itself)."""
     return line.split(PROGRESS_MARKER, 1)[-1].strip()

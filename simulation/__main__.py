@@ -10,10 +10,11 @@ from pathlib import Path
 from fedapp.config import DEVICES, ConfigError
 from fedapp.datasets import DatasetError, dataset_infos
 from fedapp.methods import METHODS
-from fedapp.results import format_metrics_table
+from fedapp.results import exit_code, format_metrics_table
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.presets import apply_preset
+from simulation.processes import Interrupted, interruptible
 from simulation.runner import (
     DEFAULT_CPUS_PER_CLIENT,
     ENGINES,
@@ -82,44 +83,59 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 completed, 1 failed, 2 bad input (nothing started), 3 degraded, 128+signal stopped."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "datasets":
-            infos = dataset_infos()
-            columns = shutil.get_terminal_size().columns
-            print(dataset_markdown(infos) if args.markdown else format_dataset_table(infos, columns))
-        elif args.command == "methods":
-            print(render_config_toml() if args.toml else describe_methods(args.name))
-        elif args.command == "run":
-            if not args.method and not args.preset:
-                raise ConfigError("give --method (or a --preset that names one)")
-            optional = {
-                "method": args.method,
-                "dataset": args.dataset,
-                "num-clients": args.clients,
-                "num-rounds": args.rounds,
-                "seed": args.seed,
-                "partition": args.partition,
-                "data-dir": args.data_dir,
-                "device": args.device,
-            }
-            base = {key: value for key, value in optional.items() if value is not None}
-            base.update(parse_set_options(args.set))
-            base = apply_preset(args.preset, base)
-            resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
-            summary = execute(build_overrides(base, args.out), args.engine, resources=resources)
-            print()
-            print(format_metrics_table([summary]))
-            print(f"\nwrote {args.out / 'summary.json'}")
-        else:
-            experiment = load_experiment(args.file)
-            out_root = args.out or Path("results") / experiment.name
-            run_experiment(experiment, out_root, engine=args.engine)
-            print((out_root / "table.md").read_text())
-            print(f"wrote {out_root / 'table.md'}")
-    except (ConfigError, DatasetError, ExperimentError, RunError, ValueError) as exc:
+        with interruptible():
+            return _command(args)
+    except Interrupted as exc:
+        print(f"{exc}: stopped every process this run started", file=sys.stderr)
+        return exc.exit_code
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ConfigError, DatasetError, ExperimentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "datasets":
+        infos = dataset_infos()
+        columns = shutil.get_terminal_size().columns
+        print(dataset_markdown(infos) if args.markdown else format_dataset_table(infos, columns))
+    elif args.command == "methods":
+        print(render_config_toml() if args.toml else describe_methods(args.name))
+    elif args.command == "run":
+        if not args.method and not args.preset:
+            raise ConfigError("give --method (or a --preset that names one)")
+        optional = {
+            "method": args.method,
+            "dataset": args.dataset,
+            "num-clients": args.clients,
+            "num-rounds": args.rounds,
+            "seed": args.seed,
+            "partition": args.partition,
+            "data-dir": args.data_dir,
+            "device": args.device,
+        }
+        base = {key: value for key, value in optional.items() if value is not None}
+        base.update(parse_set_options(args.set))
+        base = apply_preset(args.preset, base)
+        resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
+        summary = execute(build_overrides(base, args.out), args.engine, resources=resources)
+        print()
+        print(format_metrics_table([summary]))
+        print(f"\nwrote {args.out / 'summary.json'}")
+        if summary.get("status") not in (None, "completed", "converged"):
+            print(f"status: {summary['status']}: {summary.get('status_reason', '')}", file=sys.stderr)
+        return exit_code(summary)
+    else:
+        experiment = load_experiment(args.file)
+        out_root = args.out or Path("results") / experiment.name
+        run_experiment(experiment, out_root, engine=args.engine)
+        print((out_root / "table.md").read_text())
+        print(f"wrote {out_root / 'table.md'}")
     return 0
 
 
