@@ -79,22 +79,32 @@ def write_run_outputs(
 
 
 def plot_metrics(path: Path, history: Sequence[Mapping[str, Any]], title: str = "") -> None:
+    """Every metric of the history against the round: integer round ticks, and a marker and line style
+    per curve so that curves lying on top of each other (ACC and purity often do) stay visible."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    rounds = [int(h["round"]) for h in history if "metrics" in h]
+    evaluated = [h for h in history if "metrics" in h]
+    keys = list(dict.fromkeys(k for h in evaluated for k in h["metrics"]))
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1))), ("x", "-")]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key in METRIC_KEYS:
-        values = [h["metrics"][key] for h in history if "metrics" in h]
-        if values:
-            ax.plot(rounds, values, marker="o", label=key)
+    for index, key in enumerate(keys):
+        points = [(int(h["round"]), h["metrics"].get(key)) for h in evaluated]
+        points = [(r, value) for r, value in points if value is not None]
+        if points:
+            marker, line = styles[index % len(styles)]
+            rounds, values = zip(*points, strict=True)
+            ax.plot(rounds, values, marker=marker, linestyle=line, markersize=5, label=key, alpha=0.85)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("score")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best")
+    if keys:
+        ax.legend(loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -325,11 +326,15 @@ class ClusteringStrategy(Strategy):
         return None, stats
 
     def _validated(self, server_round: int, client: ClientProxy, res: FitRes) -> ClientReply:
+        specs = self.reply_spec(server_round)
+        size, limit = parameters_nbytes(res.parameters), _max_bytes(specs)
+        if size > limit:  # checked on the raw bytes: an oversized reply is never decoded
+            raise ReplyError(f"oversized reply: {size} bytes, at most {limit} expected")
         try:
             arrays = parameters_to_ndarrays(res.parameters)
         except Exception as exc:  # malformed bytes from a client must not crash the server
             raise ReplyError(f"undecodable parameters: {exc}") from exc
-        check_arrays(arrays, self.reply_spec(server_round))
+        check_arrays(arrays, specs)
         partition_id = res.metrics.get("partition-id")
         if not isinstance(partition_id, int):
             raise ReplyError("metrics lack an integer 'partition-id'")
@@ -521,6 +526,18 @@ class ClusteringStrategy(Strategy):
 
     def write_outputs(self) -> None:
         write_run_outputs(self.out_dir, self.summary(), self.history)
+
+
+MAX_REPLY_BYTES = 1 << 31  # a reply whose arrays have open dimensions is still never allowed past 2 GiB
+_NPY_OVERHEAD = 256  # bytes of the .npy header Flower's serialisation adds per array (at most)
+
+
+def _max_bytes(specs: Sequence[ArraySpec]) -> int:
+    """A bound on the serialised size of a reply matching `specs`, with room to spare (twice 8 bytes an
+    element): far larger replies are refused undecoded, nearer misses get the exact shape error."""
+    if any(dim is None for spec in specs for dim in spec.shape):
+        return MAX_REPLY_BYTES
+    return 2 * sum(8 * math.prod(spec.shape) + _NPY_OVERHEAD for spec in specs)  # type: ignore[arg-type]
 
 
 def _human_bytes(count: int) -> str:
