@@ -34,6 +34,9 @@ class MethodSpec:
     modalities: tuple[str, ...] = ("vectors", "images", "multiview")
     config: type[ConfigSection] | None = None  # the method's own keys; None: it has none
     table: str = ""  # its table [tool.flwr.app.config.<table>]; "" -> the method's name
+    # per-sample arrays its messages carry by design ("" = none: only model-sized arrays cross the wire);
+    # the payload audit test holds every method to this
+    per_sample: str = ""
 
     @property
     def federated(self) -> bool:
@@ -71,6 +74,7 @@ METHODS: dict[str, MethodSpec] = {
             vertical=True,
             modalities=("multiview",),
             config=CeFMCConfig,
+            per_sample="up: H_v^(0) (N x k) once, then labels y_v (N); down: consensus labels y (N)",
         ),
         MethodSpec(
             "cefmc-h",
@@ -81,6 +85,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("multiview",),
             config=CeFMCConfig,
             table="cefmc",  # the ablation runs with CeFMC's own keys
+            per_sample="up: H_v (N x k) every round; down: consensus labels y (N)",
         ),
         MethodSpec(
             "fedcmv",
@@ -90,6 +95,7 @@ METHODS: dict[str, MethodSpec] = {
             vertical=True,
             modalities=("multiview",),
             config=FedCMvConfig,
+            per_sample="up: partial distances (N x k); down: labels (N)",
         ),
         MethodSpec(
             "fedfcmv",
@@ -99,6 +105,7 @@ METHODS: dict[str, MethodSpec] = {
             vertical=True,
             modalities=("multiview",),
             config=FedFCMvConfig,
+            per_sample="up: partial distances (N x k); down: memberships (N x k)",
         ),
     )
 }
