@@ -68,13 +68,21 @@ def console_script(name: str) -> str:
     return str(candidate) if candidate.exists() else (shutil.which(name) or name)
 
 
-def wait_for_health(port: int, process: subprocess.Popen, timeout: float, what: str) -> None:
+def wait_for_health(
+    port: int, process: subprocess.Popen, timeout: float, what: str, ca_file: Path | None = None
+) -> None:
+    """Poll the SuperLink's /health (over TLS, trusting `ca_file`, when given) until it answers 200."""
+    import ssl
+
+    scheme = "https" if ca_file else "http"
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ProcessError(f"{what} exited with code {process.returncode} during start-up")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+            url = f"{scheme}://127.0.0.1:{port}/health"
+            with urllib.request.urlopen(url, timeout=1, context=context) as response:
                 if response.status == 200:
                     return
         except OSError:
