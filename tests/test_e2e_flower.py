@@ -152,15 +152,15 @@ def test_a_supernode_killed_mid_run_costs_at_most_one_round_timeout(tmp_path: Pa
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()
     code = process.wait(timeout=60)
-    after_kill = time.monotonic() - (killed_at or 0)
     assert killed_at is not None, "".join(lines[-20:])
     assert code == 3, "".join(lines[-30:])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "degraded" and summary["rounds"] == 6
-    failed = {r: rec["failed"] for r, rec in summary["participation"].items() if rec["failed"]}
-    assert len(failed) == 1 and list(failed.values())[0], (
-        failed
-    )  # one round lost the node, later ones skip it
+    failed = {int(r): rec["failed"] for r, rec in summary["participation"].items() if rec["failed"]}
+    assert len(failed) == 1 and len(list(failed.values())[0]) == 1, failed  # later rounds skip the node
     assert len(summary["excluded_clients"]) == 1
-    # one round-timeout for the lost node, then four normal rounds (a few seconds each on loopback)
-    assert after_kill < 2 * timeout + 4 * 15, f"{after_kill:.0f} s after the kill"
+    seconds = {int(line.split()[1].split("/")[0]): float(line.split("|")[1].split()[0]) for line in lines
+               if line.startswith("round ")}  # fmt: skip
+    lost_round = next(iter(failed))
+    normal = sorted(t for r, t in seconds.items() if r not in (1, lost_round))[1]  # a typical round
+    assert seconds[lost_round] - normal < 2 * timeout, (seconds, lost_round)  # the kill cost <= 2 x timeout
