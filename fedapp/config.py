@@ -67,6 +67,11 @@ class RunConfig(ConfigSection):
     min_fit_fraction: float = config_key(
         0.0, ge=0.0, le=1.0, doc="the same as a fraction of the federation (the larger minimum applies)"
     )
+    checkpoint_every: int = config_key(
+        0, ge=0, doc="checkpoint the server and client state every N rounds (0 = never)"
+    )
+    resume: bool = config_key(False, doc="continue from the last checkpoint in checkpoint-dir")
+    checkpoint_dir: str = config_key("", doc='checkpoint directory; "" -> <out-dir>/checkpoint')
     device: str = config_key("auto", choices=DEVICES, doc="torch device; auto = cuda when available")
     deterministic: bool = config_key(False, doc="torch deterministic algorithms (slower; bitwise repeatable)")
     embedding_model: str = config_key(

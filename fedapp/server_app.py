@@ -24,6 +24,11 @@ def server_fn(context: Context) -> ServerAppComponents:
             f"run it with: python -m simulation run --method {cfg.method} --dataset {cfg.dataset}"
         )
     strategy = load_class(spec.strategy)(cfg)
+    if cfg.resume:
+        try:
+            strategy.restore()
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
     log(
         INFO,
         "%s %s on %s: clients=%d rounds=%d seed=%d out-dir=%s",

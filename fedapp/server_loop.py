@@ -13,7 +13,7 @@ import timeit
 from logging import INFO
 from typing import Protocol, runtime_checkable
 
-from flwr.common import log
+from flwr.common import Parameters, log
 from flwr.server import Server
 from flwr.server.history import History
 
@@ -31,6 +31,14 @@ class FinalizingStrategy(Protocol):
         """Record how the run ended (`failure`: why it broke off) and write the final outputs."""
         ...
 
+    def round_done(self, server_round: int) -> None:
+        """A round (fit and evaluation) is over: the moment to checkpoint."""
+        ...
+
+    def resume_point(self) -> tuple[int, Parameters | None]:
+        """(rounds already done, global model) to continue from; (0, None) for a fresh run."""
+        ...
+
 
 class FedappServer(Server):
     """`Server` whose `fit` stops when the strategy is done and reports the end of the run to it."""
@@ -42,8 +50,11 @@ class FedappServer(Server):
         history = History()
         start = timeit.default_timer()
         try:
-            self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
-            for server_round in range(1, num_rounds + 1):
+            done, parameters = strategy.resume_point()
+            if parameters is None:
+                parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
+            self.parameters = parameters
+            for server_round in range(done + 1, num_rounds + 1):
                 fitted = self.fit_round(server_round=server_round, timeout=timeout)
                 if fitted is not None:
                     parameters, fit_metrics, _ = fitted
@@ -54,6 +65,7 @@ class FedappServer(Server):
                 if evaluated is not None and evaluated[0] is not None:
                     history.add_loss_distributed(server_round=server_round, loss=evaluated[0])
                     history.add_metrics_distributed(server_round=server_round, metrics=evaluated[1])
+                strategy.round_done(server_round)
                 if strategy.done:
                     log(INFO, "the strategy is done after round %d of %d", server_round, num_rounds)
                     break

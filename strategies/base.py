@@ -9,9 +9,10 @@ the communication ledger, evaluation from summed contingency tables, and the run
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from fedapp.checkpoint import RESUME_KEY, checkpoint_dir, load_strategy, save_strategy
 from fedapp.config import RunConfig
 from fedapp.ledger import CommLedger, mapping_nbytes, parameters_nbytes
 from fedapp.metrics import clustering_metrics, decode_table
@@ -115,6 +117,8 @@ class ClusteringStrategy(Strategy):
         self.failure_messages: list[str] = []
         self._instructed: dict[int, list[str]] = {}
         self._waited = False
+        self.latest_parameters: Parameters | None = None  # the global model the next round starts from
+        self.resumed_from: int | None = None  # the checkpointed round this run continued after
 
     # ----------------------------------------------------------------------------------------- hooks
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
@@ -122,6 +126,8 @@ class ClusteringStrategy(Strategy):
         config: dict[str, Scalar] = {"server-round": server_round}
         if self.k is not None:
             config["k"] = self.k
+        if self.resumed_from is not None:  # clients reload the state they had after that round
+            config[RESUME_KEY] = self.resumed_from
         return config
 
     def fit_instructions(
@@ -304,7 +310,10 @@ class ClusteringStrategy(Strategy):
             return self._lost_round(server_round, stats)
         self._empty_rounds = 0
         try:
-            return self.aggregate(server_round, consistent), stats
+            parameters = self.aggregate(server_round, consistent)
+            if parameters is not None:
+                self.latest_parameters = parameters
+            return parameters, stats
         except ValueError as exc:
             # e.g. too few valid replies left for k clusters: skip the round, keep the run
             log(
@@ -446,6 +455,39 @@ class ClusteringStrategy(Strategy):
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         return None  # no server-side data: evaluation is federated (contingency tables)
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def round_done(self, server_round: int) -> None:
+        """End of a round (fit and evaluation): checkpoint when `checkpoint-every` says so."""
+        every = self.cfg.checkpoint_every
+        if not every or server_round % every or self.done:
+            return
+        state = {key: value for key, value in self.__dict__.items() if key != "cfg"}
+        state["_elapsed"] = time.perf_counter() - self._started
+        try:
+            save_strategy(checkpoint_dir(self.cfg, self.out_dir), server_round, state)
+        except (pickle.PicklingError, TypeError, AttributeError, OSError) as exc:
+            log(
+                WARNING,
+                "round %d: checkpoint failed (%s); checkpointing is off for this run",
+                server_round,
+                exc,
+            )
+            self.cfg = replace(self.cfg, checkpoint_every=0)
+
+    def restore(self) -> int:
+        """Load the last checkpoint (run-config `resume`); returns the round to continue after."""
+        server_round, state = load_strategy(checkpoint_dir(self.cfg, self.out_dir))
+        elapsed = state.pop("_elapsed", 0.0)
+        self.__dict__.update(state)  # everything but the configuration, which this run may change
+        self._started = time.perf_counter() - elapsed
+        self.status, self.resumed_from = "running", server_round
+        log(INFO, "%s resumed after round %d of %d", PROGRESS_MARKER, server_round, self.cfg.num_rounds)
+        return server_round
+
+    def resume_point(self) -> tuple[int, Parameters | None]:
+        """(rounds already done, the global model to continue from): (0, None) for a fresh run."""
+        return (self.resumed_from or 0), self.latest_parameters
 
     # ------------------------------------------------------------------------------ end of the run
     @property
