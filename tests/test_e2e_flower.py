@@ -126,7 +126,7 @@ def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -
 def test_a_supernode_killed_mid_run_costs_at_most_one_round_timeout(tmp_path: Path) -> None:
     """SIGKILL one of 3 SuperNodes after round 2: its round waits at most round-timeout, the node is
     not asked again, and the run completes with the other two, status degraded (exit code 3)."""
-    timeout = 20
+    timeout = 45  # first rounds (process start-up, imports) must never hit it, even on a loaded machine
     out = tmp_path / "killed"
     command = [sys.executable, "deploy/run_local.py", "--method", "ffcm", "--dataset", "digits"]
     command += [
@@ -162,5 +162,6 @@ def test_a_supernode_killed_mid_run_costs_at_most_one_round_timeout(tmp_path: Pa
     seconds = {int(line.split()[1].split("/")[0]): float(line.split("|")[1].split()[0]) for line in lines
                if line.startswith("round ")}  # fmt: skip
     lost_round = next(iter(failed))
+    assert lost_round >= 3, failed  # the round after the kill, not an earlier hiccup
     normal = sorted(t for r, t in seconds.items() if r not in (1, lost_round))[1]  # a typical round
     assert seconds[lost_round] - normal < 2 * timeout, (seconds, lost_round)  # the kill cost <= 2 x timeout
