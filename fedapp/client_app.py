@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flwr.client import Client, ClientApp
+from flwr.client.mod import secaggplus_mod
 from flwr.common import Context
 
 from fedapp.checkpoint import CheckpointingClient, checkpoint_dir
@@ -27,4 +28,5 @@ def client_fn(context: Context) -> Client:
     return CheckpointingClient(build, context, cfg, partition_id, directory).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+# secaggplus_mod only acts on SecAgg+ stage messages (run-config `secagg`); other messages pass through
+app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])

@@ -72,6 +72,14 @@ class RunConfig(ConfigSection):
     )
     resume: bool = config_key(False, doc="continue from the last checkpoint in checkpoint-dir")
     checkpoint_dir: str = config_key("", doc='checkpoint directory; "" -> <out-dir>/checkpoint')
+    secagg: bool = config_key(
+        False,
+        doc="Flower SecAgg+: the server sees only the sum of the clients' updates (methods that allow it)",
+    )
+    secagg_clip: float = config_key(8.0, gt=0.0, doc="SecAgg+ clipping range: |every uploaded value| <= this")
+    secagg_max_weight: float = config_key(
+        100000.0, gt=0.0, doc="SecAgg+ largest client weight (its sample count)"
+    )
     device: str = config_key("auto", choices=DEVICES, doc="torch device; auto = cuda when available")
     deterministic: bool = config_key(False, doc="torch deterministic algorithms (slower; bitwise repeatable)")
     embedding_model: str = config_key(
@@ -154,6 +162,11 @@ def _validate(cfg: RunConfig) -> None:
     if not cfg.dataset:
         raise ConfigError("run-config 'dataset' is empty")
     spec = method_spec(cfg.method)
+    if cfg.secagg and not spec.secagg:
+        supported = sorted(name for name, other in METHODS.items() if other.secagg)
+        raise ConfigError(
+            f"secagg=true: method '{cfg.method}' does not aggregate sums; SecAgg+ works with {supported}"
+        )
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"
         raise ConfigError(f"method '{cfg.method}' needs {need}, got partition='{cfg.partition}'")

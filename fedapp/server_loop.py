@@ -13,9 +13,18 @@ import timeit
 from logging import INFO
 from typing import Protocol, runtime_checkable
 
-from flwr.common import Parameters, log
-from flwr.server import Server
+import flwr.compat.common.recorddict_compat as compat
+from flwr.common import ConfigRecord, Context, Parameters, log
+from flwr.server import Server, ServerConfig
+from flwr.server.compat import LegacyContext
+from flwr.server.compat.app_utils import start_update_client_manager_thread
 from flwr.server.history import History
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+from flwr.server.workflow.default_workflows import default_evaluate_workflow, default_init_params_workflow
+from flwr.serverapp import Grid
+
+from fedapp.config import RunConfig
 
 
 @runtime_checkable
@@ -74,3 +83,50 @@ class FedappServer(Server):
             raise
         strategy.finalize()
         return history, timeit.default_timer() - start
+
+
+def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfig, cfg: RunConfig) -> None:
+    """The same rounds with every fit aggregated by Flower's SecAgg+ (run-config `secagg`).
+
+    Flower's SecAgg+ workflow masks each client's upload so that the server learns only the weighted
+    average of all of them; it then hands the strategy that average in place of every reply. The loop
+    around it is DefaultWorkflow's, plus what `FedappServer` adds: resume, checkpoints, an early stop and
+    an honest end of the run.
+    """
+    strategy = server.strategy
+    if not isinstance(strategy, FinalizingStrategy):
+        raise TypeError(f"{type(strategy).__name__} lacks `done` and `finalize` (see FinalizingStrategy)")
+    legacy = LegacyContext(context, config=config, strategy=strategy, client_manager=server.client_manager())
+    fit = SecAggPlusWorkflow(
+        num_shares=1.0,  # every sampled client holds a share of every other's mask
+        reconstruction_threshold=0.5,  # masks of clients lost mid-protocol are recovered from half the shares
+        clipping_range=cfg.secagg_clip,
+        max_weight=cfg.secagg_max_weight,
+        timeout=config.round_timeout,
+    )
+    thread, stop, registered = start_update_client_manager_thread(grid, legacy.client_manager)
+    registered.wait()
+    try:
+        done, parameters = strategy.resume_point()
+        if parameters is None:
+            default_init_params_workflow(grid, legacy)
+        else:
+            legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+                parameters, True
+            )
+        round_config = ConfigRecord({Key.START_TIME: timeit.default_timer()})
+        legacy.state.config_records[MAIN_CONFIGS_RECORD] = round_config
+        for server_round in range(done + 1, config.num_rounds + 1):
+            round_config[Key.CURRENT_ROUND] = server_round
+            fit(grid, legacy)
+            default_evaluate_workflow(grid, legacy)
+            strategy.round_done(server_round)
+            if strategy.done:
+                break
+    except BaseException as exc:
+        strategy.finalize(failure=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        stop.set()
+        thread.join()
+    strategy.finalize()

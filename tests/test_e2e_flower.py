@@ -165,3 +165,20 @@ def test_a_supernode_killed_mid_run_costs_at_most_one_round_timeout(tmp_path: Pa
     assert lost_round >= 3, failed  # the round after the kill, not an earlier hiccup
     normal = sorted(t for r, t in seconds.items() if r not in (1, lost_round))[1]  # a typical round
     assert seconds[lost_round] - normal < 2 * timeout, (seconds, lost_round)  # the kill cost <= 2 x timeout
+
+
+def test_secagg_ffcm_matches_the_plain_sums_up_to_quantisation(tmp_path: Path) -> None:
+    """FFCM under Flower's SecAgg+ (the server sees only the average of the clients' uploads) follows
+    the same path as FFCM with exact sums and the same initialisation, up to SecAgg+'s quantisation."""
+    keys = {"method": "ffcm", "dataset": "digits", "num-clients": 3, "num-rounds": 6, "ffcm.delta": 0.0}
+    plain = execute(
+        build_overrides({**keys, "ffcm.init": "moments"}, tmp_path / "plain"), engine="inprocess", quiet=True
+    )
+    secure = execute(
+        build_overrides({**keys, "secagg": True}, tmp_path / "secure"), engine="flwr", quiet=True
+    )
+    assert secure["status"] == "completed" and secure["config"]["secagg"] is True
+    assert abs(secure["metrics"]["nmi"] - plain["metrics"]["nmi"]) < 0.02
+    assert secure["centre_shift_per_round"] == pytest.approx(
+        plain["centre_shift_per_round"], rel=0.05, abs=1e-3
+    )

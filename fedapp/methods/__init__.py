@@ -37,6 +37,7 @@ class MethodSpec:
     # per-sample arrays its messages carry by design ("" = none: only model-sized arrays cross the wire);
     # the payload audit test holds every method to this
     per_sample: str = ""
+    secagg: bool = False  # its fit replies are averaged/summed, so Flower's SecAgg+ can hide them
 
     @property
     def federated(self) -> bool:
@@ -65,6 +66,7 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.ffcm:FFCMStrategy",
             "clients.ffcm:FFCMClient",
             config=FFCMConfig,
+            secagg=True,
         ),
         MethodSpec(
             "cefmc",
