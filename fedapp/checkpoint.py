@@ -19,12 +19,10 @@ import os
 import pickle
 import re
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flwr.client import NumPyClient
-from flwr.common import ConfigRecord, Context, NDArrays, RecordDict, Scalar
+from flwr.common import RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
@@ -32,7 +30,6 @@ from fedapp.config import RunConfig
 
 KEEP_CLIENT_STATES = 3  # per client: enough to resume from the server's last checkpoint
 RESUME_KEY = "resume-round"  # fit-config key: the round the server resumed from
-_RESTORED = "fedapp.restored"  # context.state marker: this client has reloaded its state
 
 
 def checkpoint_dir(cfg: RunConfig, out_dir: Path) -> Path:
@@ -96,43 +93,3 @@ def load_client_state(directory: Path, partition_id: int, at_most_round: int) ->
     proto = RecordDictProto()
     proto.ParseFromString(max(candidates)[1].read_bytes())
     return recorddict_from_proto(proto)
-
-
-class CheckpointingClient(NumPyClient):
-    """Wraps a method's client: reloads `context.state` once after a resume, saves it after each fit."""
-
-    def __init__(
-        self,
-        build: Callable[[Context, RunConfig], NumPyClient],
-        context: Context,
-        cfg: RunConfig,
-        partition_id: int,
-        directory: Path,
-    ) -> None:
-        self.build, self.context, self.cfg = build, context, cfg
-        self.partition_id, self.directory = partition_id, directory
-        self.inner = build(context, cfg)
-
-    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        return self.inner.get_properties(config)
-
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        resume_round = config.get(RESUME_KEY)
-        if isinstance(resume_round, int) and _RESTORED not in self.context.state:
-            saved = load_client_state(self.directory, self.partition_id, resume_round)
-            if saved is not None:
-                for key in list(saved):
-                    self.context.state[key] = saved[key]
-            self.context.state[_RESTORED] = ConfigRecord({"round": resume_round})
-            self.inner = self.build(self.context, self.cfg)  # a client may read its state when built
-        result = self.inner.fit(parameters, config)
-        server_round = config.get("server-round")
-        if isinstance(server_round, int):
-            state = RecordDict({key: value for key, value in self.context.state.items() if key != _RESTORED})
-            save_client_state(self.directory, self.partition_id, server_round, state)
-        return result
-
-    def evaluate(
-        self, parameters: NDArrays, config: dict[str, Scalar]
-    ) -> tuple[float, int, dict[str, Scalar]]:
-        return self.inner.evaluate(parameters, config)

@@ -6,9 +6,12 @@ from pathlib import Path
 
 from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
-from flwr.common import Context
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import Context, Message
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-from fedapp.checkpoint import CheckpointingClient, checkpoint_dir
+from fedapp.checkpoint import checkpoint_dir
+from fedapp.client_runtime import ManagedClient
 from fedapp.config import ConfigError, parse_run_config
 from fedapp.methods import load_class, method_spec
 from fedapp.results import default_out_dir
@@ -19,14 +22,19 @@ def client_fn(context: Context) -> Client:
     spec = method_spec(cfg.method)
     if spec.client is None:
         raise ConfigError(f"method '{cfg.method}' has no federated client")
-    build = load_class(spec.client)
-    if not (cfg.checkpoint_every or cfg.resume):
-        return build(context, cfg).to_client()
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.method, cfg.dataset, cfg.seed)
-    partition_id = int(context.node_config.get("partition-id", -1))
-    directory = checkpoint_dir(cfg, out_dir)
-    return CheckpointingClient(build, context, cfg, partition_id, directory).to_client()
+    checkpoints = None
+    if cfg.checkpoint_every or cfg.resume:
+        out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.method, cfg.dataset, cfg.seed)
+        checkpoints = checkpoint_dir(cfg, out_dir)
+    return ManagedClient(load_class(spec.client), context, cfg, checkpoints).to_client()
 
 
-# secaggplus_mod only acts on SecAgg+ stage messages (run-config `secagg`); other messages pass through
-app = ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's SecAgg+ client mod for the messages of a SecAgg+ round (run-config `secagg`) only:
+    `secaggplus_mod` itself rejects every other fit message."""
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+app = ClientApp(client_fn=client_fn, mods=[secagg_when_asked])
