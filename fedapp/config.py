@@ -55,7 +55,10 @@ class RunConfig(ConfigSection):
     )
     out_dir: str = config_key("", doc='output directory; "" -> results/<method>-<dataset>-s<seed>')
     eval_every: int = config_key(
-        1, ge=1, doc="evaluate every N rounds (and always after the last round or when the method stops)"
+        0,
+        ge=0,
+        doc="evaluate every N rounds, always after the last one; 0 = auto: every round up to 10 rounds, "
+        "else about 10 evaluations per run (evaluating every round doubles a long run's messages)",
     )
     dropout_rate: float = config_key(
         0.0, ge=0.0, lt=1.0, doc="simulated unavailability: a seeded fraction of clients skips each fit round"
@@ -87,6 +90,11 @@ class RunConfig(ConfigSection):
         doc="sentence-transformers model name or path (default: the bundled all-MiniLM-L6-v2)",
     )
     method_config: ConfigSection | None = field(default=None, compare=True)
+
+    @property
+    def evaluation_interval(self) -> int:
+        """Rounds between evaluations (`eval-every`, with 0 resolved)."""
+        return self.eval_every or max(1, -(-self.num_rounds // 10))
 
     def params(self, kind: type[Section]) -> Section:
         """The method's own keys, typed: `cfg.params(CeFMCConfig).lam`."""

@@ -247,7 +247,11 @@ class ClusteringStrategy(Strategy):
 
     def should_evaluate(self, server_round: int) -> bool:
         """Run-config `eval-every`, plus the last round and the round the method stops in."""
-        return self.finished or server_round >= self.cfg.num_rounds or server_round % self.cfg.eval_every == 0
+        return (
+            self.finished
+            or server_round >= self.cfg.num_rounds
+            or server_round % self.cfg.evaluation_interval == 0
+        )
 
     def min_fit(self) -> int:
         """Valid replies a fit round needs to count (run-config min-fit-clients / min-fit-fraction)."""
