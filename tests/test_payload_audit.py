@@ -31,6 +31,7 @@ AUDIT_RUNS: dict[str, dict[str, Any]] = {
     "cefmc-h": {"dataset": "digits-mv", "num-rounds": 3},
     "fedcmv": {"dataset": "digits-mv", "num-rounds": 3},
     "fedfcmv": {"dataset": "digits-mv", "num-rounds": 3},
+    "bench-echo": {"dataset": "digits", "num-clients": 7, "num-rounds": 2},
 }
 
 

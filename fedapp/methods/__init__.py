@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedapp.config_keys import ConfigSection
+from fedapp.methods.bench_echo import EchoConfig
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
@@ -108,6 +109,13 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("multiview",),
             config=FedFCMvConfig,
             per_sample="up: partial distances (N x k); down: memberships (N x k)",
+        ),
+        MethodSpec(
+            "bench-echo",
+            "round-cost floor: clients echo a fixed payload, no maths (simulation.bench_rounds)",
+            "strategies.bench_echo:EchoStrategy",
+            "clients.bench_echo:EchoClient",
+            config=EchoConfig,
         ),
     )
 }
