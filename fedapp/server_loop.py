@@ -35,6 +35,7 @@ from flwr.server.compat import LegacyContext
 from flwr.server.compat.app_utils import start_update_client_manager_thread
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.history import History
+from flwr.server.server import evaluate_clients, fit_clients
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 from flwr.server.workflow.default_workflows import default_evaluate_workflow, default_init_params_workflow
@@ -75,9 +76,10 @@ class FedappServer(Server):
         )
         if not instructions:
             return None
-        if not _on_grid(instructions):  # in-process proxies: Flower's threaded calls
-            return super().fit_round(server_round, timeout)
-        results, failures = exchange(instructions, server_round, timeout)
+        if _on_grid(instructions):
+            results, failures = exchange(instructions, server_round, timeout)
+        else:  # in-process proxies: Flower's threaded calls
+            results, failures = fit_clients(instructions, self.max_workers, timeout, server_round)
         parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)  # type: ignore[arg-type]
         return parameters, metrics, (results, failures)
 
@@ -87,9 +89,10 @@ class FedappServer(Server):
         )
         if not instructions:
             return None
-        if not _on_grid(instructions):
-            return super().evaluate_round(server_round, timeout)
-        results, failures = exchange(instructions, server_round, timeout)
+        if _on_grid(instructions):
+            results, failures = exchange(instructions, server_round, timeout)
+        else:
+            results, failures = evaluate_clients(instructions, self.max_workers, timeout, server_round)
         loss, metrics = self.strategy.aggregate_evaluate(server_round, results, failures)  # type: ignore[arg-type]
         return loss, metrics, (results, failures)
 

@@ -228,3 +228,18 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="there is no checkpoint in"):
         _run(tmp_path, method="ffcm", dataset="digits", resume=True)
+
+
+def test_each_round_configures_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server loop asks the strategy for each round's instructions exactly once (the ledger, the
+    dropout draw and the participation record all count on it)."""
+    calls: list[int] = []
+    original = FFCMStrategy._configure_fit
+
+    def counting(self: FFCMStrategy, server_round: int, *args: Any) -> Any:
+        calls.append(server_round)
+        return original(self, server_round, *args)
+
+    monkeypatch.setattr(FFCMStrategy, "_configure_fit", counting)
+    _run(tmp_path, method="ffcm", dataset="digits", **{"num-clients": 3, "num-rounds": 4, "ffcm.delta": 0.0})
+    assert calls == [1, 2, 3, 4]
