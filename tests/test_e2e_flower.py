@@ -179,6 +179,9 @@ def test_secagg_ffcm_matches_the_plain_sums_up_to_quantisation(tmp_path: Path) -
     )
     assert secure["status"] == "completed" and secure["config"]["secagg"] is True
     assert abs(secure["metrics"]["nmi"] - plain["metrics"]["nmi"]) < 0.02
+    # Quantisation error is absolute (a fraction of the value range), so compare on the scale of
+    # the largest shift rather than relative to each (shrinking) late-round shift.
+    scale = max(plain["centre_shift_per_round"])
     assert secure["centre_shift_per_round"] == pytest.approx(
-        plain["centre_shift_per_round"], rel=0.05, abs=1e-3
+        plain["centre_shift_per_round"], abs=0.05 * scale
     )

@@ -139,4 +139,5 @@ def test_an_inprocess_run_prints_one_line_per_round(tmp_path: Path) -> None:
     assert [line.split(" |")[0] for line in rounds] == ["round 1/3", "round 2/3", "round 3/3"]
     assert all("nmi" in line and "clients" in line for line in rounds)
     assert "History" not in result.stdout and "configure_fit" not in result.stdout
-    assert "configure_fit" in (tmp_path / "flower.log").read_text()
+    logged = (tmp_path / "flower.log").read_text()
+    assert "[fedapp] round 3/3" in logged and "status: completed" in logged
