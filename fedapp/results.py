@@ -60,27 +60,32 @@ def write_run_outputs(
     out_dir: Path,
     summary: Mapping[str, Any],
     history: Sequence[Mapping[str, Any]],
+    metric_keys: Sequence[str] = METRIC_KEYS,
 ) -> None:
-    """summary.json + rounds.json + metrics.png (metric vs round)."""
+    """summary.json + rounds.json + metrics.png (`metric_keys` vs round)."""
     write_json(out_dir / "summary.json", dict(summary))
     write_json(out_dir / "rounds.json", list(history))
     plot_metrics(
-        out_dir / "metrics.png", history, title=f"{summary.get('method')} on {summary.get('dataset')}"
+        out_dir / "metrics.png",
+        history,
+        title=f"{summary.get('method')} on {summary.get('dataset')}",
+        keys=metric_keys,
     )
 
 
-def plot_metrics(path: Path, history: Sequence[Mapping[str, Any]], title: str = "") -> None:
+def plot_metrics(
+    path: Path, history: Sequence[Mapping[str, Any]], title: str = "", keys: Sequence[str] = METRIC_KEYS
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rounds = [int(h["round"]) for h in history if "metrics" in h]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key in METRIC_KEYS:
-        values = [h["metrics"][key] for h in history if "metrics" in h]
-        if values:
-            ax.plot(rounds, values, marker="o", label=key)
+    for key in keys:
+        points = [(int(h["round"]), h["metrics"][key]) for h in history if key in h.get("metrics", {})]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=key)
     ax.set_xlabel("round")
     ax.set_ylabel("score")
     ax.set_title(title)

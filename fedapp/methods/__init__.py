@@ -17,6 +17,7 @@ from fedapp.config_keys import ConfigSection
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
+from fedapp.methods.gfedntm import GFedNTMConfig
 from fedapp.methods.kfed import KFedConfig
 
 
@@ -99,6 +100,15 @@ METHODS: dict[str, MethodSpec] = {
             vertical=True,
             modalities=("multiview",),
             config=FedFCMvConfig,
+        ),
+        MethodSpec(
+            "gfedntm",
+            "gFedNTM (Calvo-Bartolome & Arenas-Garcia 2023): vocabulary consensus, then one mini-batch "
+            "gradient step per round (ProdLDA / CombinedTM)",
+            "strategies.gfedntm:GFedNTMStrategy",
+            "clients.gfedntm:GFedNTMClient",
+            modalities=("bow", "texts"),
+            config=GFedNTMConfig,
         ),
     )
 }
