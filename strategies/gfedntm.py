@@ -422,8 +422,8 @@ class GFedNTMStrategy(ClusteringStrategy):
             "seconds_per_step_round": float(np.median(seconds)) if seconds else None,
         }
         if self.training:
-            summary["top_words"] = [
-                [self.vocabulary[j] for j in row]  # type: ignore[index]
-                for row in top_words(self.topic_word(), NPMI_TOP_WORDS)
-            ]
+            top = top_words(self.topic_word(), DIVERSITY_TOP_WORDS)
+            summary["top_words"] = [[self.vocabulary[j] for j in row[:NPMI_TOP_WORDS]] for row in top]
+            summary["top_word_indices"] = top.tolist()
+            summary["vocabulary"] = list(self.vocabulary or ())
         return summary

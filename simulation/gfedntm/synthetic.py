@@ -80,8 +80,10 @@ class Setting:
     params: GFedNTMConfig
 
     @classmethod
-    def from_preset(cls, dataset: str, seed: int) -> Setting:
+    def from_preset(cls, dataset: str, seed: int, max_samples: int | None = None) -> Setting:
         overrides = {**load_preset(PRESET).overrides, "dataset": dataset, "seed": seed}
+        if max_samples is not None:
+            overrides["max-samples"] = max_samples
         cfg = parse_run_config(overrides)
         return cls(dataset, seed, cfg.max_samples, cfg.params(GFedNTMConfig))
 
@@ -228,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("acceptance", "sweep", "plot"))
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), default="A")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--max-samples", type=int, help="training documents in all (default: the preset's)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -246,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for key, value, dataset in settings:
         for seed in args.seeds:
-            row = {key: value, **compare(Setting.from_preset(dataset, seed), engine)}
+            row = {key: value, **compare(Setting.from_preset(dataset, seed, args.max_samples), engine)}
             results.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "non-collaborative"}, default=float))
             (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float))
