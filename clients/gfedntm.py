@@ -50,6 +50,7 @@ VOCABULARY_KEY = "gfedntm-vocabulary"
 RNG_KEY = "gfedntm-rngs"
 OPTIMIZER_KEY = "gfedntm-optimizer"
 _CORPORA: dict[tuple, Corpus] = {}  # per process: Flower rebuilds the client every round
+_CORPORA_KEPT = 16  # a Ray actor or the in-process engine hosts several clients; keep each one's
 
 
 class GFedNTMClient(ClusteringClient):
@@ -173,7 +174,8 @@ class GFedNTMClient(ClusteringClient):
             digest,
         )
         if key not in _CORPORA:
-            _CORPORA.clear()  # one client's corpus at a time is plenty; Ray actors host several clients
+            if len(_CORPORA) >= _CORPORA_KEPT:
+                del _CORPORA[next(iter(_CORPORA))]  # the oldest
             _CORPORA[key] = Corpus(local_counts(self.data, terms), self.contexts())
         return _CORPORA[key]
 

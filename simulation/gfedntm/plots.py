@@ -55,6 +55,9 @@ def plot_fig3(out_dir: Path, results_root: Path = Path("results")) -> list[Path]
                 xs, [row[scenario]["tss"] for row in rows], "o-", color=colour, label=f"{scenario} (ours)"
             )
         right.plot(xs, [row["random"]["tss"] for row in rows], "o-", color="grey", label="random (ours)")
+        right.plot(
+            xs, [row["random"]["tss_uniform"] for row in rows], ":", color="black", label="uniform topics"
+        )
         reference = REFERENCE[experiment]
         ref_x = [x for x in reference if x in xs]
         for index, scenario, colour in (

@@ -9,10 +9,13 @@ Scenarios, all ProdLDA with the same hyper-parameters and epochs:
 - non-collaborative: node l trains on its own documents with its own vocabulary; TSS against all K true
   topics and DSS on the whole held-out set, averaged over the nodes (as the authors' run_simulation.py);
 - centralized: one model on the pooled documents, batch `batch-size` (the paper's centralized scenario);
+- centralized-union: the same with the federation's batch (nodes x batch-size documents, as many
+  steps per epoch as the federation), ordinary BatchNorm over the whole batch;
 - federated: `acceptance` runs the real strategy and clients (in-process Flower engine, preset
   gfedntm-cpu); `sweep` uses the union-batch trainer, the centralized computation the exactness test
   proves equal to the federated one (5 x fewer seconds than the engine on a shared 2-core machine);
-- random: TSS of a second Dir(eta) topic draw, DSS of proportions drawn from the node priors.
+- random: TSS of a second Dir(eta) topic draw, DSS of proportions drawn from the node priors, and the
+  TSS of K uniform topics (`tss_uniform`: what a model that learned nothing about the words scores).
 """
 
 from __future__ import annotations
@@ -152,6 +155,18 @@ def union_batch_federation(setting: Setting, nodes: list[Any]) -> tuple[torch.nn
     return model, columns
 
 
+def centralized_union(setting: Setting, nodes: list[Any], truth: SyntheticLDA) -> dict:
+    """Centralized with the federation's batch: nodes x batch-size pooled documents per step (as many
+    steps per epoch as the federation takes), ordinary BatchNorm over the whole batch."""
+    import scipy.sparse
+
+    pooled = scipy.sparse.vstack(nodes, format="csr")
+    batch = setting.params.batch_size * len(nodes)
+    return scores(
+        *train(setting, pooled, setting.seed, batch), truth, setting.seed, setting.params.theta_samples
+    )
+
+
 def random_baseline(truth: SyntheticLDA, seed: int) -> dict:
     rng = np.random.default_rng([seed, 0xBA5E])
     spec = truth.spec
@@ -159,9 +174,11 @@ def random_baseline(truth: SyntheticLDA, seed: int) -> dict:
     theta = np.concatenate(
         [rng.dirichlet(spec.node_prior(node), spec.heldout_per_node) for node in range(spec.n_nodes)]
     )
+    uniform = np.full((spec.n_topics, spec.vocab_size), 1.0 / spec.vocab_size)
     return {
         "tss": topic_similarity_score(topics, truth.topics),
         "dss": document_similarity_score(truth.heldout_theta, theta),
+        "tss_uniform": topic_similarity_score(uniform, truth.topics),
     }
 
 
@@ -193,6 +210,9 @@ def compare(setting: Setting, federated: str) -> dict:
         samples,
     )
     rows["centralized"]["seconds"] = time.perf_counter() - started
+    started = time.perf_counter()
+    rows["centralized-union"] = centralized_union(setting, nodes, truth)
+    rows["centralized-union"]["seconds"] = time.perf_counter() - started
     started = time.perf_counter()
     if federated == "union":
         rows["federated"] = scores(*union_batch_federation(setting, nodes), truth, setting.seed, samples)
