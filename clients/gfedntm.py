@@ -28,12 +28,18 @@ from fedapp.methods.gfedntm import (
     PHASE_TRAIN,
     PHASE_VOCABULARY,
     GFedNTMConfig,
-    bow_projection,
-    build_model,
     encode_array,
 )
 from fedapp.models.gfedntm import Groups
-from fedapp.ntm import Corpus, EpochSplit, batch_loss, make_optimizer, model_dtype
+from fedapp.ntm import (
+    Corpus,
+    EpochSplit,
+    batch_loss,
+    bow_projection,
+    build_model,
+    make_optimizer,
+    model_dtype,
+)
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
     client_rngs,

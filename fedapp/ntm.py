@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse
 import torch
 
+from fedapp.methods.gfedntm import BOW_CONTEXT_DIM, GFedNTMConfig, hidden_sizes
 from fedapp.models.gfedntm import Groups, NeuralTopicModel, elbo_terms
 from fedapp.training import Progress
 
@@ -261,3 +262,32 @@ def top_words(topic_word: np.ndarray, n: int) -> np.ndarray:
     """K x n column indices of each topic's most probable words, most probable first (ties: lower index)."""
     order = np.argsort(-topic_word, axis=1, kind="stable")
     return order[:, :n]
+
+
+# ------------------------------------------------------------------------------ shared builders
+def build_model(
+    params: GFedNTMConfig, bow_size: int, contextual_size: int, seed: int, device: torch.device
+) -> NeuralTopicModel:
+    """The global model W^(0): the same seed gives the same weights on the server and in references."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = NeuralTopicModel(
+            bow_size,
+            params.topics,
+            contextual_size=contextual_size if params.model == "combinedtm" else 0,
+            hidden_sizes=hidden_sizes(params.hidden),
+            activation=params.activation,
+            dropout=params.model_dropout,
+            learn_priors=params.learn_priors,
+        )
+    return model.to(device=device, dtype=getattr(torch, params.precision))
+
+
+def bow_projection(counts: scipy.sparse.spmatrix, seed: int) -> np.ndarray:
+    """CombinedTM's stand-in document embedding for corpora without text: L1-normalised counts times a
+    V x 384 Gaussian matrix seeded by the run seed (the same on every client and the server)."""
+    rng = np.random.default_rng([seed, 0xC7])
+    projection = rng.standard_normal((counts.shape[1], BOW_CONTEXT_DIM)) / np.sqrt(BOW_CONTEXT_DIM)
+    totals = np.maximum(np.asarray(counts.sum(axis=1)).ravel(), 1)
+    normalised = scipy.sparse.diags(1.0 / totals) @ counts
+    return np.asarray(normalised @ projection, dtype=np.float32)

@@ -48,14 +48,14 @@ from fedapp.methods.gfedntm import (
     PHASE_TRAIN,
     PHASE_VOCABULARY,
     GFedNTMConfig,
-    bow_projection,
-    build_model,
     decode_array,
 )
 from fedapp.ntm import (
     Corpus,
     EpochSplit,
     TopicModelError,
+    bow_projection,
+    build_model,
     infer_theta,
     make_optimizer,
     steps_per_epoch,

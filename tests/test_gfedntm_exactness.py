@@ -29,12 +29,14 @@ from fedapp.config import parse_run_config
 from fedapp.datasets import load_dataset
 from fedapp.inprocess import run_inprocess
 from fedapp.local_data import client_seed
-from fedapp.methods.gfedntm import GFedNTMConfig, bow_projection, build_model
+from fedapp.methods.gfedntm import GFedNTMConfig
 from fedapp.models.gfedntm import Groups, NeuralTopicModel
 from fedapp.ntm import (
     Corpus,
     EpochSplit,
     batch_loss,
+    bow_projection,
+    build_model,
     make_optimizer,
     model_dtype,
     steps_per_epoch,

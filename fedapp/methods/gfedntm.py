@@ -1,5 +1,7 @@
 """gFedNTM (Calvo-Bartolomé & Arenas-García 2023): its keys and what its client and strategy share.
 
+Imported by the method registry, so it imports no torch (the model builder lives in `fedapp.ntm`).
+
 Protocol (`phase` in every FitIns config):
 - `vocabulary` (round 1): the client sends its terms and their document frequencies (`DocumentFrequencies`
   wire form) and its document count as `num_examples`.
@@ -17,11 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse
-import torch
 
 from fedapp.config_keys import ConfigError, ConfigSection, config_key
-from fedapp.models.gfedntm import NeuralTopicModel
 
 PHASE_VOCABULARY = "vocabulary"
 PHASE_TRAIN = "train"
@@ -100,24 +99,6 @@ def hidden_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def build_model(
-    params: GFedNTMConfig, bow_size: int, contextual_size: int, seed: int, device: torch.device
-) -> NeuralTopicModel:
-    """The global model W^(0): the same seed gives the same weights on the server and in references."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = NeuralTopicModel(
-            bow_size,
-            params.topics,
-            contextual_size=contextual_size if params.model == "combinedtm" else 0,
-            hidden_sizes=hidden_sizes(params.hidden),
-            activation=params.activation,
-            dropout=params.model_dropout,
-            learn_priors=params.learn_priors,
-        )
-    return model.to(device=device, dtype=getattr(torch, params.precision))
-
-
 def encode_array(array: np.ndarray) -> bytes:
     """An array as `np.save` bytes (no pickle), for a metrics or config value."""
     import io
@@ -134,13 +115,3 @@ def decode_array(blob: bytes) -> np.ndarray:
     if not isinstance(blob, bytes):
         raise ValueError(f"expected bytes, got {type(blob).__name__}")
     return np.load(io.BytesIO(blob), allow_pickle=False)
-
-
-def bow_projection(counts: scipy.sparse.spmatrix, seed: int) -> np.ndarray:
-    """CombinedTM's stand-in document embedding for corpora without text: L1-normalised counts times a
-    V x 384 Gaussian matrix seeded by the run seed (the same on every client and the server)."""
-    rng = np.random.default_rng([seed, 0xC7])
-    projection = rng.standard_normal((counts.shape[1], BOW_CONTEXT_DIM)) / np.sqrt(BOW_CONTEXT_DIM)
-    totals = np.maximum(np.asarray(counts.sum(axis=1)).ravel(), 1)
-    normalised = scipy.sparse.diags(1.0 / totals) @ counts
-    return np.asarray(normalised @ projection, dtype=np.float32)

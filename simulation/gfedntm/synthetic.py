@@ -35,10 +35,11 @@ from fedapp.config import parse_run_config
 from fedapp.datasets import load_dataset
 from fedapp.datasets.synthetic import SyntheticLDA, synthetic_truth
 from fedapp.local_data import client_seed
-from fedapp.methods.gfedntm import GFedNTMConfig, build_model
+from fedapp.methods.gfedntm import GFedNTMConfig
 from fedapp.ntm import (
     Corpus,
     EpochSplit,
+    build_model,
     fit_centralized,
     infer_theta,
     make_optimizer,
