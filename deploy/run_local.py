@@ -16,22 +16,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tomli_w  # noqa: E402
 
+from deploy.secure import make_certificates, make_node_keys  # noqa: E402
 from fedapp.config import PROJECT_ROOT, parse_run_config  # noqa: E402
+from fedapp.results import exit_code  # noqa: E402
 from simulation.presets import apply_preset  # noqa: E402
 from simulation.processes import (  # noqa: E402
+    RUN_TOKEN_ENV,
+    Interrupted,
     ProcessError,
     console_script,
     flower_env,
     free_port,
+    interruptible,
     run_filtered,
     start_logged,
-    stop_process,
+    stop_run,
     wait_for_health,
 )
 from simulation.runner import build_overrides, parse_set_options  # noqa: E402
@@ -39,29 +45,50 @@ from simulation.runner import build_overrides, parse_set_options  # noqa: E402
 START_TIMEOUT_S = 60
 
 
-def deploy(overrides: dict, num_clients: int, work_dir: Path) -> int:
+@dataclass(frozen=True)
+class Security:
+    """How the loopback deployment is secured (see deploy/secure.py for what the files are)."""
+
+    tls: bool = False
+    auth: bool = False
+    unregistered_nodes: int = 0  # extra SuperNodes with keys the SuperLink never saw: they must be refused
+
+
+def deploy(overrides: dict, num_clients: int, work_dir: Path, security: Security = Security()) -> int:
     """Start SuperLink + SuperNodes, run the app, stop everything; returns `flwr run`'s exit code."""
     flwr_home = work_dir / "flwr-home"
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flower_env(flwr_home)
     link_port = free_port()
+    certs = make_certificates(work_dir / "certs") if security.tls else {}
+    connection: dict[str, object] = {"address": f"127.0.0.1:{link_port}"}
+    connection.update({"root-certificates": str(certs["ca"])} if certs else {"insecure": True})
     (flwr_home / "config.toml").write_text(
-        tomli_w.dumps(
-            {
-                "superlink": {
-                    "default": "deploy",
-                    "deploy": {"address": f"127.0.0.1:{link_port}", "insecure": True},
-                }
-            }
-        )
+        tomli_w.dumps({"superlink": {"default": "deploy", "deploy": connection}})
     )
+    link_security = (
+        [
+            "--ssl-ca-certfile",
+            str(certs["ca"]),
+            "--ssl-certfile",
+            str(certs["cert"]),
+            "--ssl-keyfile",
+            str(certs["key"]),
+        ]
+        if certs
+        else ["--insecure"]
+    )
+    node_security = ["--root-certificates", str(certs["ca"])] if certs else ["--insecure"]
+    names = [f"node{i}" for i in range(num_clients + security.unregistered_nodes)]
+    keys = make_node_keys(work_dir / "keys", names) if security.auth else {}
     started: list[subprocess.Popen] = []
     pids: dict[str, int] = {}
     try:
         superlink = start_logged(
             [
                 console_script("flower-superlink"),
-                "--insecure",
+                *link_security,
+                *(["--enable-supernode-auth"] if security.auth else []),
                 "--disable-runtime-dependency-installation",
                 "--host",
                 "127.0.0.1",
@@ -74,43 +101,62 @@ def deploy(overrides: dict, num_clients: int, work_dir: Path) -> int:
         started.append(superlink)
         pids["superlink"] = superlink.pid
         wait_for_health(
-            link_port, superlink, START_TIMEOUT_S, f"flower-superlink (log {work_dir / 'superlink.log'})"
+            link_port,
+            superlink,
+            START_TIMEOUT_S,
+            f"flower-superlink (log {work_dir / 'superlink.log'})",
+            ca_file=certs.get("ca"),
         )
-        print(f"SuperLink pid {superlink.pid} on 127.0.0.1:{link_port}", flush=True)
-        for partition_id in range(num_clients):
+        mode = ", ".join(m for m, on in (("TLS", security.tls), ("SuperNode auth", security.auth)) if on)
+        print(f"SuperLink pid {superlink.pid} on 127.0.0.1:{link_port} ({mode or 'insecure'})", flush=True)
+        for name in names[:num_clients]:  # only these keys are registered
+            if keys:
+                register = [console_script("flwr"), "supernode", "register", str(keys[name][1]), "deploy"]
+                subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
+        for index, name in enumerate(names):
+            extra = index >= num_clients
+            auth = ["--auth-supernode-private-key", str(keys[name][0])] if keys else []
             node = start_logged(
                 [
                     console_script("flower-supernode"),
-                    "--insecure",
+                    *node_security,
+                    *auth,
                     "--superlink",
                     f"127.0.0.1:{link_port}",
                     "--port",
                     str(free_port()),
                     "--node-config",
-                    f"partition-id={partition_id} num-partitions={num_clients}",
+                    f"partition-id={index % num_clients} num-partitions={num_clients}",
                 ],
                 env,
-                work_dir / f"supernode{partition_id}.log",
+                work_dir / f"supernode{index}.log",
             )
             started.append(node)
-            pids[f"supernode{partition_id}"] = node.pid
-            print(f"SuperNode {partition_id} pid {node.pid}", flush=True)
+            pids[f"supernode{index}"] = node.pid
+            print(f"SuperNode {index} pid {node.pid}{' (unregistered key)' if extra else ''}", flush=True)
         run_config = work_dir / "run-config.toml"
         run_config.write_text(tomli_w.dumps(overrides))
         command = [console_script("flwr"), "run", str(PROJECT_ROOT), "deploy", "--stream"]
+        command += ["--run-config", str(run_config)]
         log_path = Path(overrides["out-dir"]) / "flower.log"
         print(f"flwr run (full log: {log_path})", flush=True)
-        return run_filtered(
-            [*command, "--run-config", str(run_config)], env, log_path, quiet=False, cwd=PROJECT_ROOT
-        )
+        code = run_filtered(command, env, log_path, quiet=False, cwd=PROJECT_ROOT, started=started)
+        for index in range(num_clients, len(names)):
+            refused = started[1 + index].poll()
+            verdict = f"refused, exit code {refused}" if refused else "ACCEPTED"
+            print(f"unregistered SuperNode {index}: {verdict}", flush=True)
+            if not refused:
+                code = code or 1  # a node with an unknown key got in: the deployment is not secure
+        return code
     finally:
-        for process in reversed(started):  # SuperNodes first, then the SuperLink
-            stop_process(process)
+        leftovers = stop_run(env[RUN_TOKEN_ENV], started)  # every process carrying this run's token
         still_running = [process for process in started if process.poll() is None]
         pids_path = Path(overrides["out-dir"]) / "deploy-pids.json"
         pids_path.parent.mkdir(parents=True, exist_ok=True)
         pids_path.write_text(json.dumps(pids, indent=2))
         print(f"stopped {len(started) - len(still_running)}/{len(started)} processes", flush=True)
+        if leftovers:
+            print(f"warning: processes {leftovers} of this deployment did not stop", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--preset", help="named run-config values (see `python -m simulation methods`)")
+    parser.add_argument(
+        "--tls", action="store_true", help="TLS with a freshly made CA and server certificate"
+    )
+    parser.add_argument("--auth", action="store_true", help="SuperNode authentication with registered keys")
+    parser.add_argument(
+        "--unregistered-nodes",
+        type=int,
+        default=0,
+        help="with --auth: this many extra SuperNodes whose keys are not registered (they must be refused)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     base = {
@@ -143,7 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fedapp-deploy-") as tmp:
         try:
-            code = deploy(overrides, args.clients, Path(tmp))
+            with interruptible():
+                security = Security(tls=args.tls, auth=args.auth, unregistered_nodes=args.unregistered_nodes)
+                code = deploy(overrides, args.clients, Path(tmp), security)
+        except Interrupted as exc:
+            print(f"{exc}: stopped every process this deployment started", file=sys.stderr)
+            return exc.exit_code
         except ProcessError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -151,12 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     if code != 0 or not summary.exists():
         print(f"error: flwr run exit code {code}; summary.json present: {summary.exists()}", file=sys.stderr)
         return 1
-    metrics = json.loads(summary.read_text())["metrics"]
+    result = json.loads(summary.read_text())
+    status = result.get("status", "running")
     print(
-        f"deployment finished in {time.perf_counter() - started:.1f} s: "
-        + "  ".join(f"{k}={100 * v:.2f}" for k, v in metrics.items())
+        f"deployment {status} in {time.perf_counter() - started:.1f} s ({result.get('status_reason', '')}): "
+        + "  ".join(f"{k}={100 * v:.2f}" for k, v in result.get("metrics", {}).items())
     )
-    return 0
+    return exit_code(result)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ def run_centralized(cfg: RunConfig) -> dict:
         "metrics": metrics,
         "comm_bytes": {"up": 0, "down": 0, "total_mb": 0.0, "eval_up": 0, "eval_down": 0, "per_round": {}},
         "wall_seconds": time.perf_counter() - started,
+        "status": "completed",
+        "status_reason": "centralized reference",
         "stop_reason": "centralized",
         "config": cfg.to_dict(),
     }

@@ -60,6 +60,13 @@ class RunConfig(ConfigSection):
     dropout_rate: float = config_key(
         0.0, ge=0.0, lt=1.0, doc="simulated unavailability: a seeded fraction of clients skips each fit round"
     )
+    round_timeout: float = config_key(
+        1800.0, ge=0.0, doc="seconds a round waits for replies; later clients count as failed (0 = no limit)"
+    )
+    min_fit_clients: int = config_key(1, ge=1, doc="fewer valid replies than this: the round changes nothing")
+    min_fit_fraction: float = config_key(
+        0.0, ge=0.0, le=1.0, doc="the same as a fraction of the federation (the larger minimum applies)"
+    )
     device: str = config_key("auto", choices=DEVICES, doc="torch device; auto = cuda when available")
     deterministic: bool = config_key(False, doc="torch deterministic algorithms (slower; bitwise repeatable)")
     embedding_model: str = config_key(

@@ -28,10 +28,12 @@ from flwr.common import (
     RecordDict,
     Status,
 )
-from flwr.server import Server, ServerAppComponents
+from flwr.server import ServerAppComponents
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.history import History
+
+from fedapp.server_loop import FedappServer
 
 
 class InProcessClientProxy(ClientProxy):
@@ -84,7 +86,8 @@ def run_inprocess(
         )
         manager.register(InProcessClientProxy(f"node-{pid:04d}", client_fn, context))
     # max_workers=1: clients run one after another, like Ray on one CPU; results are order-independent.
-    server = Server(client_manager=manager, strategy=components.strategy)
+    strategy = components.server.strategy if components.server is not None else components.strategy
+    server = FedappServer(client_manager=manager, strategy=strategy)
     server.set_max_workers(1)
     history, _ = server.fit(num_rounds=components.config.num_rounds, timeout=None)
-    return components.strategy, history
+    return strategy, history

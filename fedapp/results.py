@@ -18,6 +18,15 @@ METRIC_KEYS = ("acc", "nmi", "ari", "purity", "kappa")
 PROGRESS_MARKER = "[fedapp]"  # log lines the runners show on the terminal (the rest goes to the log file)
 
 
+# Exit codes of the entry points (2 is a bad input, refused before anything starts).
+EXIT_CODES = {"completed": 0, "converged": 0, "failed": 1, "degraded": 3}
+
+
+def exit_code(summary: Mapping[str, Any]) -> int:
+    """0 only for a run that completed (or converged) with every client; see EXIT_CODES."""
+    return EXIT_CODES.get(str(summary.get("status")), 1)
+
+
 def progress_text(line: str) -> str:
     """The text after the progress marker (drops Flower's `INFO :` prefix and the marker itself)."""
     return line.split(PROGRESS_MARKER, 1)[-1].strip()
@@ -60,37 +69,42 @@ def write_run_outputs(
     out_dir: Path,
     summary: Mapping[str, Any],
     history: Sequence[Mapping[str, Any]],
-    metric_keys: Sequence[str] = METRIC_KEYS,
 ) -> None:
-    """summary.json + rounds.json + metrics.png (`metric_keys` vs round)."""
+    """summary.json + rounds.json + metrics.png (metric vs round)."""
     write_json(out_dir / "summary.json", dict(summary))
     write_json(out_dir / "rounds.json", list(history))
     plot_metrics(
-        out_dir / "metrics.png",
-        history,
-        title=f"{summary.get('method')} on {summary.get('dataset')}",
-        keys=metric_keys,
+        out_dir / "metrics.png", history, title=f"{summary.get('method')} on {summary.get('dataset')}"
     )
 
 
-def plot_metrics(
-    path: Path, history: Sequence[Mapping[str, Any]], title: str = "", keys: Sequence[str] = METRIC_KEYS
-) -> None:
+def plot_metrics(path: Path, history: Sequence[Mapping[str, Any]], title: str = "") -> None:
+    """Every metric of the history against the round: integer round ticks, and a marker and line style
+    per curve so that curves lying on top of each other (ACC and purity often do) stay visible."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
+    evaluated = [h for h in history if "metrics" in h]
+    keys = list(dict.fromkeys(k for h in evaluated for k in h["metrics"]))
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1))), ("x", "-")]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key in keys:
-        points = [(int(h["round"]), h["metrics"][key]) for h in history if key in h.get("metrics", {})]
+    for index, key in enumerate(keys):
+        points = [(int(h["round"]), h["metrics"].get(key)) for h in evaluated]
+        points = [(r, value) for r, value in points if value is not None]
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=key)
+            marker, line = styles[index % len(styles)]
+            rounds, values = zip(*points, strict=True)
+            ax.plot(rounds, values, marker=marker, linestyle=line, markersize=5, label=key, alpha=0.85)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("score")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best")
+    if keys:
+        ax.legend(loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

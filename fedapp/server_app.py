@@ -6,10 +6,12 @@ from logging import INFO
 
 from flwr.common import Context, log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server.client_manager import SimpleClientManager
 
 from fedapp.config import ConfigError, parse_run_config
 from fedapp.methods import load_class, method_spec
 from fedapp.results import PROGRESS_MARKER
+from fedapp.server_loop import FedappServer
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -33,7 +35,9 @@ def server_fn(context: Context) -> ServerAppComponents:
         cfg.seed,
         strategy.out_dir.resolve(),
     )
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.num_rounds))
+    server = FedappServer(client_manager=SimpleClientManager(), strategy=strategy)
+    config = ServerConfig(num_rounds=cfg.num_rounds, round_timeout=cfg.round_timeout or None)
+    return ServerAppComponents(server=server, config=config)
 
 
 app = ServerApp(server_fn=server_fn)

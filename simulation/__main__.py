@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import textwrap
 from pathlib import Path
 
 from fedapp.config import DEVICES, ConfigError
-from fedapp.datasets import DatasetError, DatasetInfo, dataset_infos
+from fedapp.datasets import DatasetError, dataset_infos
 from fedapp.methods import METHODS
-from fedapp.results import format_metrics_table
+from fedapp.results import exit_code, format_metrics_table
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
-from simulation.listing import describe_methods, render_config_toml
+from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.presets import apply_preset
+from simulation.processes import Interrupted, interruptible
 from simulation.runner import (
     DEFAULT_CPUS_PER_CLIENT,
     ENGINES,
@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     experiment.add_argument("--out", type=Path, help="output root (default results/<experiment name>)")
     experiment.add_argument("--engine", choices=ENGINES, help="override the file's engine")
 
-    sub.add_parser("datasets", help="list registered datasets: kind, accepting methods, files")
+    datasets = sub.add_parser("datasets", help="list registered datasets: kind, accepting methods, files")
+    datasets.add_argument("--markdown", action="store_true", help="a markdown table (as in README.md)")
     methods = sub.add_parser("methods", help="list methods with their config keys, defaults and presets")
     methods.add_argument("name", nargs="?", help="one method only")
     methods.add_argument(
@@ -81,79 +82,60 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def format_dataset_table(infos: tuple[DatasetInfo, ...], width: int = 160) -> str:
-    """One row per dataset: name, kind, methods, files (one per line), description wrapped to `width`."""
-    headers = ("name", "kind", "methods", "files", "description")
-    rows = [
-        [
-            [info.name],
-            [info.kind],
-            textwrap.wrap(", ".join(info.methods), 28) or ["-"],
-            list(info.files) or ["(embedded)"],
-        ]
-        for info in infos
-    ]
-    widths = [max(len(line) for row in rows for line in row[col]) for col in range(4)]
-    widths = [max(w, len(h)) for w, h in zip(widths, headers, strict=False)]
-    description_width = max(30, width - sum(widths) - 2 * len(widths) - 1)
-    for row, info in zip(rows, infos, strict=True):
-        row.append(textwrap.wrap(info.description, description_width))
-
-    def render(cells: list[list[str]]) -> list[str]:
-        height = max(len(cell) for cell in cells)
-        lines = []
-        for i in range(height):
-            parts = [
-                (cell[i] if i < len(cell) else "").ljust(w) for cell, w in zip(cells, widths, strict=False)
-            ]
-            parts.append(cells[4][i] if i < len(cells[4]) else "")
-            lines.append("  ".join(parts).rstrip())
-        return lines
-
-    out = render([[h] for h in headers])
-    out.append("  ".join("-" * w for w in widths) + "  " + "-" * min(description_width, 40))
-    for row in rows:
-        out.extend(render(row))
-    return "\n".join(out)
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 completed, 1 failed, 2 bad input (nothing started), 3 degraded, 128+signal stopped."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "datasets":
-            print(format_dataset_table(dataset_infos(), shutil.get_terminal_size().columns))
-        elif args.command == "methods":
-            print(render_config_toml() if args.toml else describe_methods(args.name))
-        elif args.command == "run":
-            if not args.method and not args.preset:
-                raise ConfigError("give --method (or a --preset that names one)")
-            optional = {
-                "method": args.method,
-                "dataset": args.dataset,
-                "num-clients": args.clients,
-                "num-rounds": args.rounds,
-                "seed": args.seed,
-                "partition": args.partition,
-                "data-dir": args.data_dir,
-                "device": args.device,
-            }
-            base = {key: value for key, value in optional.items() if value is not None}
-            base.update(parse_set_options(args.set))
-            base = apply_preset(args.preset, base)
-            resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
-            summary = execute(build_overrides(base, args.out), args.engine, resources=resources)
-            print()
-            print(format_metrics_table([summary]))
-            print(f"\nwrote {args.out / 'summary.json'}")
-        else:
-            experiment = load_experiment(args.file)
-            out_root = args.out or Path("results") / experiment.name
-            run_experiment(experiment, out_root, engine=args.engine)
-            print((out_root / "table.md").read_text())
-            print(f"wrote {out_root / 'table.md'}")
-    except (ConfigError, DatasetError, ExperimentError, RunError, ValueError) as exc:
+        with interruptible():
+            return _command(args)
+    except Interrupted as exc:
+        print(f"{exc}: stopped every process this run started", file=sys.stderr)
+        return exc.exit_code
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ConfigError, DatasetError, ExperimentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "datasets":
+        infos = dataset_infos()
+        columns = shutil.get_terminal_size().columns
+        print(dataset_markdown(infos) if args.markdown else format_dataset_table(infos, columns))
+    elif args.command == "methods":
+        print(render_config_toml() if args.toml else describe_methods(args.name))
+    elif args.command == "run":
+        if not args.method and not args.preset:
+            raise ConfigError("give --method (or a --preset that names one)")
+        optional = {
+            "method": args.method,
+            "dataset": args.dataset,
+            "num-clients": args.clients,
+            "num-rounds": args.rounds,
+            "seed": args.seed,
+            "partition": args.partition,
+            "data-dir": args.data_dir,
+            "device": args.device,
+        }
+        base = {key: value for key, value in optional.items() if value is not None}
+        base.update(parse_set_options(args.set))
+        base = apply_preset(args.preset, base)
+        resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
+        summary = execute(build_overrides(base, args.out), args.engine, resources=resources)
+        print()
+        print(format_metrics_table([summary]))
+        print(f"\nwrote {args.out / 'summary.json'}")
+        if summary.get("status") not in (None, "completed", "converged"):
+            print(f"status: {summary['status']}: {summary.get('status_reason', '')}", file=sys.stderr)
+        return exit_code(summary)
+    else:
+        experiment = load_experiment(args.file)
+        out_root = args.out or Path("results") / experiment.name
+        run_experiment(experiment, out_root, engine=args.engine)
+        print((out_root / "table.md").read_text())
+        print(f"wrote {out_root / 'table.md'}")
     return 0
 
 

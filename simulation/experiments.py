@@ -34,7 +34,7 @@ from flwr.common.config import flatten_dict
 
 from fedapp.config import ConfigError, parse_run_config
 from simulation.presets import apply_preset
-from simulation.runner import build_overrides, execute
+from simulation.runner import RunError, build_overrides, execute
 
 DEFAULT_METRICS = ("acc", "nmi", "ari", "purity", "kappa")
 
@@ -105,11 +105,13 @@ def run_experiment(
             out_dir = out_root / f"{slug}-s{seed}"
             overrides = build_overrides({**spec.overrides, "seed": seed}, out_dir)
             summary = execute(overrides, engine or experiment.engine, quiet=True)
+            if summary.get("status") == "failed":
+                raise RunError(f"run '{spec.label}' seed {seed} failed: {summary.get('status_reason')}")
             results.setdefault(spec.label, []).append(summary)
             shown = "  ".join(f"{m}={100 * summary['metrics'][m]:.2f}" for m in experiment.metrics)
-            progress(
-                f"[{experiment.name}] {spec.label} seed={seed}: {shown}  ({summary['wall_seconds']:.1f} s)"
-            )
+            seconds = summary["wall_seconds"]
+            status = "" if summary.get("status") in ("completed", "converged") else f"  [{summary['status']}]"
+            progress(f"[{experiment.name}] {spec.label} seed={seed}: {shown}  ({seconds:.1f} s){status}")
     table = results_table(experiment, results)
     (out_root / "table.md").write_text(table + "\n")
     (out_root / "results.json").write_text(json.dumps(results, indent=2))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 from fedapp.config import RunConfig
 from fedapp.config_keys import ConfigSection, KeySpec
+from fedapp.datasets import DatasetInfo
 from fedapp.methods import METHODS, config_tables, method_spec
 from simulation.presets import available_presets
 
@@ -32,7 +34,7 @@ def describe_methods(name: str | None = None) -> str:
     names = [method_spec(name).name] if name else list(METHODS)
     out: list[str] = []
     if name is None:
-        out += ["common keys (every method; `--set key=value` or `--run-config \"key=value\"`):"]
+        out += ['common keys (every method; `--set key=value` or `--run-config "key=value"`):']
         out += _key_lines(RunConfig.key_specs())
         out.append("")
     for method in names:
@@ -68,4 +70,53 @@ def render_config_toml() -> str:
     lines = _toml_table("tool.flwr.app.config", RunConfig)
     for table, section in config_tables().items():
         lines += ["", *_toml_table(f"tool.flwr.app.config.{table}", section)]
+    return "\n".join(lines)
+
+
+def format_dataset_table(infos: tuple[DatasetInfo, ...], width: int = 160) -> str:
+    """One row per dataset: name, kind, methods, files (one per line), description wrapped to `width`."""
+    headers = ("name", "kind", "methods", "files", "description")
+    rows = [
+        [
+            [info.name],
+            [info.kind],
+            textwrap.wrap(", ".join(info.methods), 28) or ["-"],
+            list(info.files) or ["(embedded)"],
+        ]
+        for info in infos
+    ]
+    widths = [max(len(line) for row in rows for line in row[col]) for col in range(4)]
+    widths = [max(w, len(h)) for w, h in zip(widths, headers, strict=False)]
+    description_width = max(30, width - sum(widths) - 2 * len(widths) - 1)
+    for row, info in zip(rows, infos, strict=True):
+        row.append(textwrap.wrap(info.description, description_width))
+
+    def render(cells: list[list[str]]) -> list[str]:
+        height = max(len(cell) for cell in cells)
+        lines = []
+        for i in range(height):
+            parts = [
+                (cell[i] if i < len(cell) else "").ljust(w) for cell, w in zip(cells, widths, strict=False)
+            ]
+            parts.append(cells[4][i] if i < len(cells[4]) else "")
+            lines.append("  ".join(parts).rstrip())
+        return lines
+
+    out = render([[h] for h in headers])
+    out.append("  ".join("-" * w for w in widths) + "  " + "-" * min(description_width, 40))
+    for row in rows:
+        out.extend(render(row))
+    return "\n".join(out)
+
+
+def dataset_markdown(infos: tuple[DatasetInfo, ...]) -> str:
+    """The README's dataset table."""
+    lines = [
+        "| dataset | kind | methods | files (under the data directory) | description |",
+        "|---|---|---|---|---|",
+    ]
+    for info in infos:
+        files = "<br>".join(f"`{name}`" for name in info.files) or "(embedded)"
+        methods = ", ".join(info.methods) or "-"
+        lines.append(f"| `{info.name}` | {info.kind} | {methods} | {files} | {info.description} |")
     return "\n".join(lines)

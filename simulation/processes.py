@@ -1,7 +1,9 @@
 """Starting and stopping Flower's processes (SuperLink, SuperNodes) owned by this project's scripts.
 
 Every process is started in its own session so that stopping it by PID also stops the children it
-spawned (flower-superexec, flwr-serverapp/-clientapp, flwr-simulation).
+spawned (flower-superexec, flwr-serverapp/-clientapp, flwr-simulation). Ray's workers leave those
+sessions, so every process of a run also carries a run token in its environment (`RUN_TOKEN_ENV`):
+`stop_run` finds them all by it (on Linux, via /proc) and stops them too, leaving other processes alone.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+
+RUN_TOKEN_ENV = "FEDAPP_RUN_TOKEN"
 
 
 class ProcessError(RuntimeError):
@@ -29,10 +36,11 @@ def free_port() -> int:
 
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
-    """Environment for Flower processes: private home, offline, quiet Ray."""
+    """Environment for Flower processes: private home, offline, quiet Ray, a fresh run token."""
     env = dict(os.environ)
     env.update(
         {
+            RUN_TOKEN_ENV: uuid.uuid4().hex,
             "FLWR_HOME": str(flwr_home),
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -60,13 +68,21 @@ def console_script(name: str) -> str:
     return str(candidate) if candidate.exists() else (shutil.which(name) or name)
 
 
-def wait_for_health(port: int, process: subprocess.Popen, timeout: float, what: str) -> None:
+def wait_for_health(
+    port: int, process: subprocess.Popen, timeout: float, what: str, ca_file: Path | None = None
+) -> None:
+    """Poll the SuperLink's /health (over TLS, trusting `ca_file`, when given) until it answers 200."""
+    import ssl
+
+    scheme = "https" if ca_file else "http"
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise ProcessError(f"{what} exited with code {process.returncode} during start-up")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+            url = f"{scheme}://127.0.0.1:{port}/health"
+            with urllib.request.urlopen(url, timeout=1, context=context) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -75,13 +91,15 @@ def wait_for_health(port: int, process: subprocess.Popen, timeout: float, what: 
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM the process group (the process and its superexec children), SIGKILL after `timeout`."""
-    if process.poll() is not None:
-        return
+    """SIGTERM the process group (the process and its superexec children), SIGKILL after `timeout`.
+
+    The group is signalled even when its leader has already exited: its children may still be running.
+    """
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
+            process.poll()
             return
         try:
             process.wait(timeout=wait)
@@ -102,25 +120,118 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def run_filtered(
-    command: list[str], env: dict[str, str], log_path: Path, *, quiet: bool, cwd: Path | None = None
+    command: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    quiet: bool,
+    cwd: Path | None = None,
+    started: list[subprocess.Popen] | None = None,
 ) -> int:
     """Run `command`; every output line (ANSI codes removed) goes to `log_path`, progress lines to stdout.
 
     Progress lines are those the strategy marks with `fedapp.results.PROGRESS_MARKER`; Flower's own
-    chatter (history dumps, per-round sampling notes, repeated warnings) stays in the log file.
+    chatter (history dumps, per-round sampling notes, repeated warnings) stays in the log file. The
+    process runs in its own session and is appended to `started`; if this call is interrupted, it stops it.
     """
     from fedapp.results import PROGRESS_MARKER, progress_text
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
-            command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
-        assert process.stdout is not None
-        for line in process.stdout:
-            clean = _ANSI.sub("", line)
-            log_file.write(clean)
-            log_file.flush()
-            if not quiet and PROGRESS_MARKER in clean:
-                print(progress_text(clean), flush=True)
-        return process.wait()
+        if started is not None:
+            started.append(process)
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                clean = _ANSI.sub("", line)
+                log_file.write(clean)
+                log_file.flush()
+                if not quiet and PROGRESS_MARKER in clean:
+                    print(progress_text(clean), flush=True)
+            return process.wait()
+        finally:
+            if process.poll() is None:
+                stop_process(process, timeout=5.0)
+
+
+def processes_with_token(token: str) -> list[int]:
+    """PIDs whose environment holds RUN_TOKEN_ENV=token (Linux /proc; elsewhere an empty list)."""
+    needle = f"{RUN_TOKEN_ENV}={token}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or another user's process
+            continue
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def _alive(pid: int) -> bool:
+    """True unless the process is gone or a zombie waiting for its parent."""
+    try:
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat")
+        return not (stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    except PermissionError:
+        return True
+
+
+def stop_run(token: str, started: list[subprocess.Popen], grace: float = 5.0) -> list[int]:
+    """Stop everything a run started: its processes' groups, then every process carrying its token.
+
+    SIGTERM first, SIGKILL after `grace` seconds; returns the PIDs still alive afterwards (normally none).
+    """
+    for process in reversed(started):  # SuperNodes first, then the SuperLink
+        stop_process(process, timeout=grace)
+    deadline = time.monotonic() + grace
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [pid for pid in processes_with_token(token) if _alive(pid)]
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = [pid for pid in pids if _alive(pid)]
+        if not pids:
+            return []
+        deadline = time.monotonic() + 2.0
+    return [pid for pid in processes_with_token(token) if _alive(pid)]
+
+
+class Interrupted(Exception):  # noqa: N818 (it is what happened, not an error)
+    """SIGINT or SIGTERM reached an entry point; its `finally` blocks stop what it started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into `Interrupted` for the duration (so cleanup code runs), then restore."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

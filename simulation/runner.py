@@ -11,6 +11,8 @@ Centralized references (method `kmeans`) run directly, without Flower.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,10 +24,12 @@ from typing import Any
 import tomli_w
 
 from fedapp.config import PROJECT_ROOT, ConfigError, RunConfig, default_run_config, parse_run_config
-from fedapp.datasets import load_dataset, require_files, resolve_data_dir
+from fedapp.datasets import MAT_PREFIX, load_dataset, require_files, resolve_data_dir
 from fedapp.local_data import views_of
 from fedapp.methods import METHODS, method_spec
+from fedapp.preflight import check_run
 from simulation.processes import (
+    RUN_TOKEN_ENV,
     ProcessError,
     console_script,
     flower_env,
@@ -33,6 +37,7 @@ from simulation.processes import (
     run_filtered,
     start_logged,
     stop_process,
+    stop_run,
     wait_for_health,
 )
 
@@ -86,7 +91,11 @@ class ClientResources:
 
 
 def cuda_device_count() -> int:
-    """CUDA devices torch sees (0 without torch or CUDA)."""
+    """CUDA devices torch sees (0 without torch or CUDA); no torch import where no NVIDIA device exists."""
+    import glob
+
+    if not glob.glob("/dev/nvidia[0-9]*") and not Path("/proc/driver/nvidia/gpus").is_dir():
+        return 0  # importing torch takes seconds: skip it where there cannot be a CUDA device
     try:
         import torch
     except ImportError:
@@ -116,6 +125,11 @@ def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     """Absolute paths for out-dir and data-dir: Flower's processes run in other working directories."""
     overrides = dict(base)
     parse_run_config(overrides)  # key names, types and ranges first: cheaper than reading the data
+    dataset = str(overrides.get("dataset", ""))
+    if dataset.startswith(MAT_PREFIX):  # a relative mat: path means the working directory, if it is there
+        relative = Path(dataset.removeprefix(MAT_PREFIX)).expanduser()
+        if not relative.is_absolute() and relative.is_file():
+            overrides["dataset"] = MAT_PREFIX + str(relative.resolve())
     spec = METHODS.get(str(overrides.get("method")))
     if spec is not None and spec.vertical:  # one client per view
         n_views = count_views(overrides)
@@ -125,6 +139,11 @@ def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
                 f"'{overrides.get('dataset')}' has {n_views} views, num-clients={overrides['num-clients']}"
             )
         overrides["num-clients"] = n_views
+    if "num-clients" in overrides and int(overrides["num-clients"]) < 1:
+        raise ConfigError(
+            f"--clients must be >= 1 for a simulation, got {overrides['num-clients']} "
+            "(num-clients = 0, 'every connected SuperNode', only means something in a deployment)"
+        )
     overrides["num-clients"] = int(overrides.get("num-clients") or DEFAULT_CLIENTS)  # runner: fixed size
     overrides["out-dir"] = str(out_dir.resolve())
     data_dir = resolve_data_dir(overrides.get("data-dir") or None)
@@ -164,11 +183,12 @@ def execute(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
     cfg = parse_run_config(overrides)  # fails before any process starts
-    require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
     resources = resources or ClientResources()
     resources.validate()
     if cfg.device == "cuda" and cuda_device_count() == 0:
         raise ConfigError("run-config device='cuda' but no CUDA GPU is visible on this machine")
+    require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
+    check_run(cfg, cfg.num_clients)  # ... and data that does not parse, an impossible partition, k, out-dir
     out_dir = Path(cfg.out_dir)
     summary_path = out_dir / "summary.json"
     if summary_path.exists():
@@ -186,8 +206,11 @@ def execute(
     if not summary_path.exists():
         raise RunError(f"the run wrote no {summary_path}; see {log_path}\n{_log_tail(log_path)}")
     summary = json.loads(summary_path.read_text())
-    if not summary.get("metrics"):
-        raise RunError(f"{summary_path} has no metrics (every client failed?); see {log_path}")
+    if summary.get("status", "running") == "running" and method_spec(cfg.method).federated:
+        raise RunError(
+            f"the run broke off after round {summary.get('rounds')} of {cfg.num_rounds} without finishing; "
+            f"see {log_path}\n{_log_tail(log_path)}"
+        )
     return summary
 
 
@@ -278,12 +301,14 @@ def _run_flwr(
     overrides: Mapping[str, Any], num_clients: int, resources: ClientResources, log_path: Path, *, quiet: bool
 ) -> None:
     flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
+    env = flower_env(flwr_home)
+    started: list[subprocess.Popen] = []
     try:
-        env = flower_env(flwr_home)
         run_config = flwr_home / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(overrides)))
         federation = resources.federation_config(num_clients)
-        with local_simulation_superlink(flwr_home, env):
+        with local_simulation_superlink(flwr_home, env) as superlink:
+            started.append(superlink)
             command = [
                 console_script("flwr"),
                 "run",
@@ -294,8 +319,11 @@ def _run_flwr(
                 "--run-config",
                 str(run_config),
             ]
-            returncode = run_filtered(command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT)
+            returncode = run_filtered(command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT, started=started)
         if returncode != 0:
             raise RunError(f"flwr run exited with code {returncode}; see {log_path}\n{_log_tail(log_path)}")
     finally:
+        leftovers = stop_run(env[RUN_TOKEN_ENV], started)  # Ray's workers too, found by the run token
+        if leftovers:
+            print(f"warning: processes {leftovers} of this run did not stop", file=sys.stderr)
         shutil.rmtree(flwr_home, ignore_errors=True)

@@ -8,7 +8,9 @@ the communication ledger, evaluation from summed contingency tables, and the run
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
@@ -105,6 +107,14 @@ class ClusteringStrategy(Strategy):
         self._round_started: dict[int, float] = {}  # rounds in which clients were asked to fit
         self._reported: set[int] = set()
         self.participation: dict[int, dict[str, Any]] = {}  # per fit round: sampled / dropped / outcomes
+        self.status = "running"  # -> completed | converged | degraded | failed (`finalize`)
+        self.status_reason = ""
+        self.stopped = False  # the run cannot go on (no valid replies, too few clients): done now
+        self.lost_rounds: list[int] = []  # fit rounds that changed nothing
+        self.excluded: dict[str, int] = {}  # cid -> the round it failed or timed out in: not asked again
+        self.failure_messages: list[str] = []
+        self._instructed: dict[int, list[str]] = {}
+        self._waited = False
 
     # ----------------------------------------------------------------------------------------- hooks
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
@@ -138,6 +148,10 @@ class ClusteringStrategy(Strategy):
         """Who scores the model (default: every client, each on its own samples)."""
         return clients
 
+    def needs_every_client(self, server_round: int) -> bool:
+        """Rounds that cannot do without anyone (a vertical initialisation): no simulated dropout there."""
+        return False
+
     def extra_summary(self) -> dict[str, Any]:
         """Method-specific fields for summary.json."""
         return {}
@@ -154,7 +168,7 @@ class ClusteringStrategy(Strategy):
         always stays. The draw depends only on the seed, the round and the sorted client ids.
         """
         rate = self.cfg.dropout_rate
-        if rate <= 0 or len(clients) <= 1:
+        if rate <= 0 or len(clients) <= 1 or self.needs_every_client(server_round):
             return clients
         n_drop = min(round(rate * len(clients)), len(clients) - 1)
         rng = np.random.default_rng([self.cfg.seed, server_round, 0xD20])  # its own stream
@@ -174,19 +188,42 @@ class ClusteringStrategy(Strategy):
         """Run-config `eval-every`, plus the last round and the round the method stops in."""
         return self.finished or server_round >= self.cfg.num_rounds or server_round % self.cfg.eval_every == 0
 
+    def min_fit(self) -> int:
+        """Valid replies a fit round needs to count (run-config min-fit-clients / min-fit-fraction)."""
+        return max(self.cfg.min_fit_clients, math.ceil(self.cfg.min_fit_fraction * self.clients_seen))
+
     def _clients(self, client_manager: ClientManager) -> list[ClientProxy]:
-        wanted = self.cfg.num_clients or 1  # 0: every SuperNode connected when the round starts
-        if not client_manager.wait_for(wanted, timeout=CLIENT_WAIT_S):
-            raise FederationError(
-                f"run-config num-clients={wanted} but only {client_manager.num_available()} client(s) "
-                f"connected after {CLIENT_WAIT_S} s: start the simulation with num-supernodes={wanted} "
-                f"or start {wanted} SuperNodes"
-            )
+        """The connected clients that have not failed in this run, sorted by id.
+
+        Only the first call waits (up to CLIENT_WAIT_S) for `num-clients` SuperNodes; later rounds go on
+        with whoever is connected, so a dead SuperNode costs at most one round-timeout.
+        """
+        if not self._waited:
+            wanted = self.cfg.num_clients or 1  # 0: every SuperNode connected when the round starts
+            if not client_manager.wait_for(wanted, timeout=CLIENT_WAIT_S):
+                raise FederationError(
+                    f"run-config num-clients={wanted} but only {client_manager.num_available()} client(s) "
+                    f"connected after {CLIENT_WAIT_S} s: start the simulation with num-supernodes={wanted} "
+                    f"or start {wanted} SuperNodes"
+                )
+            self._waited = True
         clients = sorted(client_manager.all().values(), key=lambda proxy: proxy.cid)
         self.clients_seen = max(self.clients_seen, len(clients))
-        if self.cfg.num_clients and len(clients) != wanted:
-            log(WARNING, "%d clients connected but num-clients=%d; using all of them", len(clients), wanted)
-        return clients
+        if self.cfg.num_clients and len(clients) > self.cfg.num_clients:
+            log(
+                WARNING,
+                "%d clients connected but num-clients=%d; using all",
+                len(clients),
+                self.cfg.num_clients,
+            )
+        return [client for client in clients if client.cid not in self.excluded]
+
+    def _stop(self, reason: str) -> None:
+        """The run cannot go on: stop now and say why (status `failed`)."""
+        log(WARNING, "stopping: %s", reason)
+        self.finished = self.stopped = True
+        self.stop_reason = reason
+        self.finalize()
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -194,12 +231,22 @@ class ClusteringStrategy(Strategy):
         if self.finished:
             return []
         clients = self._clients(client_manager)
+        if len(clients) < self.min_fit():
+            lost = ", ".join(f"{cid} (round {r})" for cid, r in sorted(self.excluded.items())) or "none"
+            detail = f"; first error: {self.failure_messages[0]}" if self.failure_messages else ""
+            self._stop(
+                f"only {len(clients)} usable client(s) before round {server_round}, {self.min_fit()} needed "
+                f"(failed or timed out: {lost}){detail}"
+            )
+            return []
         available = self.simulate_dropout(server_round, clients)
         self.participation[server_round] = {
             "sampled": [client.cid for client in clients],
             "dropped": sorted(set(client.cid for client in clients) - {c.cid for c in available}),
+            "excluded": sorted(self.excluded),
         }
         instructions = self.fit_instructions(server_round, parameters, available)
+        self._instructed[server_round] = [client.cid for client, _ in instructions]
         if instructions:
             self._round_started[server_round] = time.perf_counter()
         for client, ins in instructions:
@@ -214,8 +261,15 @@ class ClusteringStrategy(Strategy):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         self.rounds_run = server_round
+        replied = {client.cid for client, _ in results}
+        failed = sorted(set(self._instructed.get(server_round, [])) - replied)  # errors and timeouts
         for failure in failures:
-            log(WARNING, "round %d: client failure: %s", server_round, _describe_failure(failure))
+            message = _describe_failure(failure)
+            self.failure_messages.append(message)
+            log(WARNING, "round %d: client failure: %s", server_round, message)
+        for cid in failed:
+            self.excluded.setdefault(cid, server_round)
+            log(WARNING, "round %d: client %s failed or timed out; it is not asked again", server_round, cid)
         if self.k is None:
             self.k = _consensus_k(results)
         replies, rejected = [], 0
@@ -237,22 +291,17 @@ class ClusteringStrategy(Strategy):
         }
         accepted = {reply.cid for reply in consistent}
         self.participation.setdefault(server_round, {}).update(
-            accepted=sorted(accepted),
-            rejected=sorted({client.cid for client, _ in results} - accepted),
-            failed=sorted(
-                failure[0].cid if isinstance(failure, tuple) else type(failure).__name__
-                for failure in failures
-            ),
+            accepted=sorted(accepted), rejected=sorted(replied - accepted), failed=failed
         )
-        if not consistent:
-            log(WARNING, "round %d: no valid client reply; the global model is unchanged", server_round)
-            self._empty_rounds += 1
-            if self._empty_rounds >= MAX_EMPTY_ROUNDS:
-                self.finished = True
-                self.stop_reason = f"no valid client reply in {MAX_EMPTY_ROUNDS} consecutive rounds"
-                log(WARNING, "stopping: %s", self.stop_reason)
-                self.write_outputs()
-            return None, stats
+        if len(consistent) < self.min_fit():
+            log(
+                WARNING,
+                "round %d: %d valid repl(y/ies), %d needed; the global model is unchanged",
+                server_round,
+                len(consistent),
+                self.min_fit(),
+            )
+            return self._lost_round(server_round, stats)
         self._empty_rounds = 0
         try:
             return self.aggregate(server_round, consistent), stats
@@ -264,14 +313,28 @@ class ClusteringStrategy(Strategy):
                 server_round,
                 exc,
             )
-            return None, {**stats, "accepted": 0}
+            return self._lost_round(server_round, {**stats, "accepted": 0})
+
+    def _lost_round(
+        self, server_round: int, stats: dict[str, Scalar]
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """A fit round that changed nothing; MAX_EMPTY_ROUNDS of them in a row end the run."""
+        self.lost_rounds.append(server_round)
+        self._empty_rounds += 1
+        if self._empty_rounds >= MAX_EMPTY_ROUNDS:
+            self._stop(f"no usable client replies in {MAX_EMPTY_ROUNDS} consecutive rounds")
+        return None, stats
 
     def _validated(self, server_round: int, client: ClientProxy, res: FitRes) -> ClientReply:
+        specs = self.reply_spec(server_round)
+        size, limit = parameters_nbytes(res.parameters), _max_bytes(specs)
+        if size > limit:  # checked on the raw bytes: an oversized reply is never decoded
+            raise ReplyError(f"oversized reply: {size} bytes, at most {limit} expected")
         try:
             arrays = parameters_to_ndarrays(res.parameters)
         except Exception as exc:  # malformed bytes from a client must not crash the server
             raise ReplyError(f"undecodable parameters: {exc}") from exc
-        check_arrays(arrays, self.reply_spec(server_round))
+        check_arrays(arrays, specs)
         partition_id = res.metrics.get("partition-id")
         if not isinstance(partition_id, int):
             raise ReplyError("metrics lack an integer 'partition-id'")
@@ -333,12 +396,18 @@ class ClusteringStrategy(Strategy):
             self.report_round(server_round)
             return None, {}
         metrics = clustering_metrics(total)
+        self.record_evaluation(server_round, metrics, evaluated=int(total.sum()))
+        return None, dict(metrics)
+
+    def record_evaluation(self, server_round: int, metrics: dict[str, float], **details: Any) -> None:
+        """Keep one round's evaluation (history, progress line, output files); strategies with their own
+        metrics (topic models) call this from their `aggregate_evaluate` too."""
         self.final_metrics = metrics
         self.history.append(
             {
                 "round": server_round,
                 "metrics": metrics,
-                "evaluated": int(total.sum()),
+                **details,
                 "elapsed_s": time.perf_counter() - self._started,
             }
         )
@@ -346,13 +415,12 @@ class ClusteringStrategy(Strategy):
             INFO,
             "round %d: %s",
             server_round,
-            "  ".join(f"{key}={100 * value:.2f}" for key, value in metrics.items()),
+            "  ".join(f"{key}={value:.4g}" for key, value in metrics.items()),
         )
         self.report_round(server_round, metrics)
         if self.finished:
             self._final_evaluated = True
         self.write_outputs()
-        return None, dict(metrics)
 
     def report_round(self, server_round: int, metrics: dict[str, float] | None = None) -> None:
         """One progress line per round that did work: round, seconds, headline metrics, bytes, clients."""
@@ -383,6 +451,61 @@ class ClusteringStrategy(Strategy):
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         return None  # no server-side data: evaluation is federated (contingency tables)
 
+    # ------------------------------------------------------------------------------ end of the run
+    @property
+    def done(self) -> bool:
+        """The server loop may stop: the run broke off, or the method stopped and was evaluated."""
+        return self.stopped or (self.finished and self._final_evaluated)
+
+    def finalize(self, failure: str | None = None) -> None:
+        """Decide the run's status honestly and write the final outputs (`fedapp.server_loop` calls it).
+
+        failed: an exception, a stop for lack of usable clients or replies, or no evaluation at all.
+        degraded: it finished, but lost clients (sat out, failed, timed out, rejected) or rounds on the way.
+        converged: the method stopped by its own rule (one-shot, a convergence threshold).
+        completed: every configured round ran with every client.
+        """
+        if self.status != "running" and failure is None:  # already decided (a stop), the loop confirms
+            self.write_outputs()
+            return
+        if failure is not None:
+            self.status, self.status_reason = "failed", f"{failure} (in round {self.rounds_run})"
+            self.stop_reason = self.stop_reason or self.status_reason
+        elif self.stopped:
+            self.status, self.status_reason = "failed", self.stop_reason
+        elif not self.final_metrics:
+            self.status, self.status_reason = "failed", "no evaluation succeeded"
+        else:
+            problems = self._losses()
+            if not self.finished:
+                self.stop_reason = f"max rounds ({self.cfg.num_rounds})"
+            if problems:
+                self.status, self.status_reason = "degraded", "; ".join(problems)
+            elif self.finished:
+                self.status, self.status_reason = "converged", self.stop_reason
+            else:
+                self.status, self.status_reason = "completed", self.stop_reason
+        log(INFO, "%s status: %s (%s)", PROGRESS_MARKER, self.status, self.status_reason)
+        self.write_outputs()
+
+    def _losses(self) -> list[str]:
+        """What the run lost: rounds that changed nothing, clients that missed rounds, a stale evaluation."""
+        problems = []
+        if self.lost_rounds:
+            problems.append(f"{len(self.lost_rounds)} of {self.rounds_run} fit rounds changed nothing")
+        for key, words in (
+            ("dropped", "sat out"),
+            ("failed", "failed or timed out"),
+            ("rejected", "rejected"),
+        ):
+            missed = sum(len(record.get(key, [])) for record in self.participation.values())
+            if missed:
+                problems.append(f"{missed} client-rounds {words}")
+        last_evaluated = self.history[-1]["round"] if self.history else 0
+        if self.finished is False and last_evaluated < self.rounds_run:
+            problems.append(f"the last evaluation is from round {last_evaluated} of {self.rounds_run}")
+        return problems
+
     # ---------------------------------------------------------------------------------- outputs
     def summary(self) -> dict[str, Any]:
         return {
@@ -395,7 +518,11 @@ class ClusteringStrategy(Strategy):
             "metrics": self.final_metrics or {},
             "comm_bytes": self.ledger.summary(),
             "wall_seconds": time.perf_counter() - self._started,
-            "stop_reason": self.stop_reason or ("finished" if self.finished else "max rounds"),
+            "status": self.status,
+            "status_reason": self.status_reason,
+            "stop_reason": self.stop_reason,
+            "num_rounds": self.cfg.num_rounds,
+            "excluded_clients": dict(sorted(self.excluded.items())),
             "config": self.cfg.to_dict(),
             "participation": {str(r): record for r, record in sorted(self.participation.items())},
             **self.extra_summary(),
@@ -403,6 +530,18 @@ class ClusteringStrategy(Strategy):
 
     def write_outputs(self) -> None:
         write_run_outputs(self.out_dir, self.summary(), self.history)
+
+
+MAX_REPLY_BYTES = 1 << 31  # a reply whose arrays have open dimensions is still never allowed past 2 GiB
+_NPY_OVERHEAD = 256  # bytes of the .npy header Flower's serialisation adds per array (at most)
+
+
+def _max_bytes(specs: Sequence[ArraySpec]) -> int:
+    """A bound on the serialised size of a reply matching `specs`, with room to spare (twice 8 bytes an
+    element): far larger replies are refused undecoded, nearer misses get the exact shape error."""
+    if any(dim is None for spec in specs for dim in spec.shape):
+        return MAX_REPLY_BYTES
+    return 2 * sum(8 * math.prod(spec.shape) + _NPY_OVERHEAD for spec in specs)  # type: ignore[arg-type]
 
 
 def _human_bytes(count: int) -> str:

@@ -62,7 +62,6 @@ from fedapp.ntm import (
     top_words,
 )
 from fedapp.protocol import ArraySpec, ReplyError
-from fedapp.results import write_run_outputs
 from fedapp.topic_metrics import (
     document_similarity_score,
     npmi_from_cooccurrence,
@@ -123,8 +122,8 @@ class GFedNTMStrategy(ClusteringStrategy):
         return self.model is not None
 
     # -------------------------------------------------------------------------------- configure
-    def simulate_dropout(self, server_round: int, clients: list[ClientProxy]) -> list[ClientProxy]:
-        return super().simulate_dropout(server_round, clients) if self.training else clients
+    def needs_every_client(self, server_round: int) -> bool:
+        return not self.training  # the consensus needs every client's terms
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         config = super().fit_config(server_round)
@@ -343,35 +342,14 @@ class GFedNTMStrategy(ClusteringStrategy):
             metrics["npmi"] = float(npmi_from_cooccurrence(total, documents).mean())
         else:
             log(WARNING, "round %d: no co-occurrence counts; NPMI not computed", server_round)
-        self.record_evaluation(server_round, metrics)
-        return None, dict(metrics)
-
-    def record_evaluation(self, server_round: int, metrics: dict[str, float]) -> None:
-        self.final_metrics = metrics
-        self.history.append(
-            {
-                "round": server_round,
-                "step": self.step,
-                "epoch": self.step / max(self.steps_per_epoch, 1),
-                "train_loss": self.last_loss,
-                "metrics": metrics,
-                "elapsed_s": time.perf_counter() - self._started,
-            }
-        )
-        log(
-            INFO,
-            "round %d (step %d): %s",
+        self.record_evaluation(
             server_round,
-            self.step,
-            "  ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+            metrics,
+            step=self.step,
+            epoch=self.step / max(self.steps_per_epoch, 1),
+            train_loss=self.last_loss,
         )
-        self.report_round(server_round, metrics)
-        if self.finished:
-            self._final_evaluated = True
-        self.write_outputs()
-
-    def write_outputs(self) -> None:
-        write_run_outputs(self.out_dir, self.summary(), self.history, metric_keys=self.headline_metrics)
+        return None, dict(metrics)
 
     def headline_text(self, metrics: dict[str, float]) -> str:
         shown = " ".join(f"{key} {metrics[key]:.4g}" for key in self.headline_metrics if key in metrics)

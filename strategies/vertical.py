@@ -1,9 +1,11 @@
 """Shared server glue for vertical federations: client v holds view v of the same N samples.
 
-Every round needs every view (the maths combines them), so a round in which a view is missing is
-skipped — the server keeps its state, logs which view was missing, and the next round retries. After the
-first round the server knows which client holds which view (from the `partition-id` in its reply) and
-sends each client its own per-view payload. The global model is the consensus label vector; only the
+The initialisation needs every view (the maths combines them): a round in which a view is missing is
+skipped and the next retries, and simulated dropout (`dropout-rate`) spares it. Later rounds go on
+without a view that sat out, failed or timed out: its last reply (CeFMC: its labels y_v and objective;
+FedCMv: its partial distances) stands in for it, and the round's record names it. After the first round
+the server knows which client holds which view (from the `partition-id` in its reply) and sends each
+client its own per-view payload. The global model is the consensus label vector; only the
 label holder (partition 0) scores it, because every party holds the same samples.
 """
 
@@ -38,6 +40,8 @@ class VerticalStrategy(ClusteringStrategy):
         self.n_views: int | None = cfg.num_clients or None
         self.n_samples: int | None = None
         self.objectives: list[float] = []  # one per update round
+        self.last_reply: dict[int, ClientReply] = {}  # view -> its latest valid reply (stands in for it)
+        self.stale_views: dict[int, list[int]] = {}  # round -> views whose last reply stood in
 
     # ---------------------------------------------------------------------------------------- hooks
     def initialised(self) -> bool:
@@ -66,7 +70,11 @@ class VerticalStrategy(ClusteringStrategy):
             self.finished, self.stop_reason = True, f"relative objective change <= delta={delta:g}"
 
     def extra_summary(self) -> dict[str, Any]:
-        return {"objective_per_round": self.objectives}
+        stale = {str(r): views for r, views in sorted(self.stale_views.items())}
+        return {"objective_per_round": self.objectives, "stale_views": stale}
+
+    def needs_every_client(self, server_round: int) -> bool:
+        return not self.initialised()
 
     # ------------------------------------------------------------------------------------ protocol
     def fit_instructions(
@@ -118,12 +126,21 @@ class VerticalStrategy(ClusteringStrategy):
                 )
                 continue
             by_view[reply.partition_id] = reply
-        missing = sorted(set(range(n_views)) - set(by_view))
         extra = sorted(set(by_view) - set(range(n_views)))
-        if missing or extra:
-            raise ValueError(
-                f"views missing {missing} / unexpected {extra} of {n_views}: every view is needed"
-            )
+        if extra:
+            raise ValueError(f"unexpected views {extra} of {n_views}")
+        missing = sorted(set(range(n_views)) - set(by_view))
+        if missing and not self.initialised():
+            raise ValueError(f"views {missing} of {n_views} missing: the initialisation needs every view")
+        if self.initialised():  # kept even if this round cannot proceed: a later round may use it
+            self.last_reply.update(by_view)
+        never_seen = [view for view in missing if view not in self.last_reply]
+        if never_seen:  # no update-round reply of theirs yet (an initialisation reply is another message)
+            raise ValueError(f"views {never_seen} have not replied to an update round yet")
+        if missing:
+            log(WARNING, "round %d: views %s stand in with their last replies", server_round, missing)
+            self.stale_views[server_round] = missing
+        by_view = {view: by_view.get(view, self.last_reply.get(view)) for view in range(n_views)}
         self.n_views = n_views
         self.n_samples = replies[0].arrays[0].shape[0]
         ordered = [by_view[view] for view in range(n_views)]

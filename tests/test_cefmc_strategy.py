@@ -394,7 +394,7 @@ def test_a_view_missing_in_round_one_skips_the_round_and_it_is_retried(
             1, [replies[0], replies[2]], _missing_view_failures(case, 1)
         )
     assert parameters is None and stats["accepted"] == 0
-    assert "views missing [1]" in caplog.text
+    assert "views [1] of 3 missing: the initialisation needs every view" in caplog.text
     assert strategy.y is None and strategy.C is None and strategy.C_views == []
     # round 2 repeats the initialisation for everyone, and then succeeds
     instructions = strategy.configure_fit(2, strategy.initialize_parameters(manager), manager)
@@ -415,7 +415,7 @@ def test_a_view_missing_in_an_update_round_keeps_the_server_state(
     with caplog.at_level(logging.WARNING, logger="flwr"):
         parameters, stats = strategy.aggregate_fit(2, replies[1:], _missing_view_failures(case, 0))
     assert parameters is None and stats["accepted"] == 0
-    assert f"views missing [{LABEL_HOLDER}]" in caplog.text
+    assert f"views [{LABEL_HOLDER}] have not replied to an update round yet" in caplog.text
     np.testing.assert_array_equal(strategy.y, y_before)
     np.testing.assert_array_equal(strategy.C, C_before)
     assert strategy.objectives == [] and not strategy.finished
@@ -426,6 +426,22 @@ def test_a_view_missing_in_an_update_round_keeps_the_server_state(
     expected, _ = reference.aggregate_fit(2, replies, [])
     np.testing.assert_array_equal(_decoded(parameters)[0], _decoded(expected)[0])
     np.testing.assert_array_equal(strategy.C, reference.C)
+    assert strategy.objectives == reference.objectives
+
+
+def test_a_view_missing_after_it_has_replied_stands_in_with_its_last_labels(tmp_path: Path) -> None:
+    """The dropout policy of vertical methods: the server goes on with the missing view's last reply."""
+    strategy = _initialised(tmp_path)
+    reference = _initialised(tmp_path / "reference")
+    replies, _, _ = _label_replies(strategy)
+    for server in (strategy, reference):
+        server.aggregate_fit(2, replies, [])
+    replies_3, _, _ = _label_replies(strategy)
+    stale = [replies[0], *replies_3[1:]]  # view 0 is missing in round 3: its round-2 reply stands in
+    parameters, stats = strategy.aggregate_fit(3, replies_3[1:], [])
+    expected, _ = reference.aggregate_fit(3, stale, [])
+    assert stats["accepted"] == N_VIEWS - 1 and strategy.stale_views == {3: [0]}
+    np.testing.assert_array_equal(_decoded(parameters)[0], _decoded(expected)[0])
     assert strategy.objectives == reference.objectives
 
 
@@ -448,7 +464,7 @@ def test_nan_in_a_representation_is_rejected_and_the_round_skipped(
     with caplog.at_level(logging.WARNING, logger="flwr"):
         parameters, stats = strategy.aggregate_fit(1, _with_replaced(_init_replies(), 1, [poisoned]), [])
     assert parameters is None and stats["rejected"] == 1
-    assert "NaN" in caplog.text and "views missing [1]" in caplog.text
+    assert "NaN" in caplog.text and "views [1] of 3 missing" in caplog.text
     assert strategy.C is None
 
 
@@ -495,7 +511,7 @@ def test_a_malformed_update_reply_is_rejected_and_the_state_kept(
         parameters, stats = strategy.aggregate_fit(2, _with_replaced(replies, 1, arrays, **metrics), [])
     assert parameters is None and stats["rejected"] == 1
     assert f"client {CID_OF_VIEW[1]}" in caplog.text and reason in caplog.text
-    assert "views missing [1]" in caplog.text
+    assert "views [1] have not replied to an update round yet" in caplog.text
     np.testing.assert_array_equal(strategy.y, y_before)
     np.testing.assert_array_equal(strategy.C, C_before)
     assert strategy.objectives == []
@@ -534,7 +550,7 @@ def test_a_duplicate_view_that_hides_another_skips_the_round(
     with caplog.at_level(logging.WARNING, logger="flwr"):
         parameters, _ = strategy.aggregate_fit(1, replies, [])
     assert parameters is None and strategy.C is None
-    assert "views missing [1]" in caplog.text
+    assert "views [1] of 3 missing: the initialisation needs every view" in caplog.text
 
 
 def test_a_reply_for_an_unknown_view_is_rejected_not_blocking(tmp_path: Path) -> None:
@@ -715,7 +731,7 @@ def test_whole_run_on_digits_mv(tmp_path: Path, method: str) -> None:
     keys = {"num-rounds": rounds, f"{TABLES[method]}.delta": 0.0}
     summary = _run(tmp_path, method=method, dataset="digits-mv", **keys)
     assert summary["num_clients"] == 3 and summary["rounds"] == rounds and summary["k"] == 10
-    assert summary["stop_reason"] == "max rounds"
+    assert summary["status"] == "completed" and summary["stop_reason"] == f"max rounds ({rounds})"
     metrics = summary["metrics"]
     assert {"acc", "nmi", "purity"} <= metrics.keys()
     assert all(0.0 <= metrics[key] <= 1.0 for key in ("acc", "nmi", "purity"))

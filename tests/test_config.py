@@ -146,10 +146,14 @@ def test_server_fn_refuses_the_centralized_method(tmp_path: Path) -> None:
 
 
 def test_server_fn_builds_the_strategy_for_a_good_config(tmp_path: Path) -> None:
-    components = server_fn(_server_context({"method": "ffcm", "num-rounds": 7, "out-dir": str(tmp_path)}))
-    assert type(components.strategy).__name__ == "FFCMStrategy"
-    assert components.config.num_rounds == 7
-    assert components.strategy.out_dir == tmp_path
+    context = _server_context(
+        {"method": "ffcm", "num-rounds": 7, "round-timeout": 60.0, "out-dir": str(tmp_path)}
+    )
+    components = server_fn(context)
+    strategy = components.server.strategy
+    assert type(strategy).__name__ == "FFCMStrategy" and type(components.server).__name__ == "FedappServer"
+    assert components.config.num_rounds == 7 and components.config.round_timeout == 60.0
+    assert strategy.out_dir == tmp_path
 
 
 def test_cli_rejects_an_unknown_method_without_starting_flower(tmp_path: Path) -> None:

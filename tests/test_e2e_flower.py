@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,33 +45,122 @@ def test_flwr_simulation_runs_ffcm_rounds_and_writes_summary(tmp_path: Path) -> 
     assert same["metrics"] == pytest.approx(summary["metrics"], abs=1e-12)
 
 
-def test_loopback_deployment_kfed_three_supernodes(tmp_path: Path) -> None:
+def test_secure_loopback_deployment_tls_auth_refuses_an_unregistered_node(tmp_path: Path) -> None:
+    """k-FED over TLS with SuperNode authentication; a fourth SuperNode whose key was never registered
+    is refused, and every process the script started is gone afterwards."""
     out = tmp_path / "deploy"
+    command = [sys.executable, "deploy/run_local.py", "--method", "kfed", "--dataset", "digits"]
+    command += ["--clients", "3", "--rounds", "2", "--tls", "--auth", "--unregistered-nodes", "1"]
     result = subprocess.run(
+        [*command, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "(TLS, SuperNode auth)" in result.stdout
+    assert "unregistered SuperNode 3: refused" in result.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "kfed" and summary["num_clients"] == 3 and summary["status"] == "converged"
+    assert summary["metrics"]["nmi"] > 0.6
+    pids = json.loads((out / "deploy-pids.json").read_text())
+    assert len(pids) == 5  # SuperLink + 3 SuperNodes + the refused one
+    assert all(_is_gone(pid) for pid in pids.values()), pids
+
+
+def _tokened(token: str) -> list[int]:
+    from simulation.processes import processes_with_token
+
+    return [pid for pid in processes_with_token(token) if not _is_gone(pid)]
+
+
+def _run_token(pid: int) -> str | None:
+    """The FEDAPP_RUN_TOKEN of any descendant of `pid` (the runner's Flower processes carry it)."""
+    from simulation.processes import RUN_TOKEN_ENV
+
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (child / "stat").read_text().rsplit(")", 1)[-1].split()
+            if int(stat[1]) != pid:
+                continue
+            for item in (child / "environ").read_bytes().split(b"\0"):
+                if item.startswith(RUN_TOKEN_ENV.encode() + b"="):
+                    return item.split(b"=", 1)[1].decode()
+        except OSError:
+            continue
+    return None
+
+
+def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -> None:
+    process = subprocess.Popen(
         [
             sys.executable,
-            "deploy/run_local.py",
+            "-m",
+            "simulation",
+            "run",
             "--method",
-            "kfed",
+            "ffcm",
             "--dataset",
             "digits",
             "--clients",
             "3",
-            "--rounds",
-            "2",
-            "--out",
-            str(out),
-        ],
+        ]
+        + ["--rounds", "500", "--set", "ffcm.delta=0", "--out", str(tmp_path / "out")],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=400,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert process.stdout is not None
+    for line in process.stdout:  # wait until the federation is really running
+        if line.startswith("round 2/"):
+            break
+    token = _run_token(process.pid)
+    assert token and _tokened(token), "no Flower process carries the run token"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=30)
+    elapsed = time.monotonic() - started
+    assert code == 128 + signal.SIGTERM and elapsed < 10, (code, elapsed)
+    time.sleep(1)
+    assert _tokened(token) == [], "processes of the run survived SIGTERM"
+
+
+def test_a_supernode_killed_mid_run_costs_at_most_one_round_timeout(tmp_path: Path) -> None:
+    """SIGKILL one of 3 SuperNodes after round 2: its round waits at most round-timeout, the node is
+    not asked again, and the run completes with the other two, status degraded (exit code 3)."""
+    timeout = 20
+    out = tmp_path / "killed"
+    command = [sys.executable, "deploy/run_local.py", "--method", "ffcm", "--dataset", "digits"]
+    command += [
+        "--clients",
+        "3",
+        "--rounds",
+        "6",
+        "--set",
+        "ffcm.delta=0",
+        "--set",
+        f"round-timeout={timeout}",
+    ]
+    process = subprocess.Popen(
+        [*command, "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    victim, killed_at, lines = None, None, []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("SuperNode 2 pid"):
+            victim = int(line.split()[3])
+        if line.startswith("round 2/") and victim is not None and killed_at is None:
+            os.kill(victim, signal.SIGKILL)
+            killed_at = time.monotonic()
+    code = process.wait(timeout=60)
+    after_kill = time.monotonic() - (killed_at or 0)
+    assert killed_at is not None, "".join(lines[-20:])
+    assert code == 3, "".join(lines[-30:])
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["method"] == "kfed" and summary["num_clients"] == 3
-    assert set(summary["metrics"]) == {"acc", "nmi", "ari", "purity", "kappa"}
-    assert summary["metrics"]["nmi"] > 0.6
-    pids = json.loads((out / "deploy-pids.json").read_text())
-    assert len(pids) == 4  # SuperLink + 3 SuperNodes
-    assert all(_is_gone(pid) for pid in pids.values()), pids
+    assert summary["status"] == "degraded" and summary["rounds"] == 6
+    failed = {r: rec["failed"] for r, rec in summary["participation"].items() if rec["failed"]}
+    assert len(failed) == 1 and list(failed.values())[0], (
+        failed
+    )  # one round lost the node, later ones skip it
+    assert len(summary["excluded_clients"]) == 1
+    # one round-timeout for the lost node, then four normal rounds (a few seconds each on loopback)
+    assert after_kill < 2 * timeout + 4 * 15, f"{after_kill:.0f} s after the kill"

@@ -40,7 +40,7 @@ def _load_mat(path: Path) -> dict[str, Any]:
             f"{path}: MATLAB v7.3 (HDF5) files need h5py, which is not installed; "
             "re-save the file with save(..., '-v7')"
         ) from exc
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, scipy.io.matlab.MatReadError) as exc:
         raise DatasetError(f"{path}: not a readable MATLAB .mat file: {exc}") from exc
 
 

@@ -35,6 +35,9 @@ class MethodSpec:
     modalities: tuple[str, ...] = ("vectors", "images", "multiview")
     config: type[ConfigSection] | None = None  # the method's own keys; None: it has none
     table: str = ""  # its table [tool.flwr.app.config.<table>]; "" -> the method's name
+    # per-sample arrays its messages carry by design ("" = none: only model-sized arrays cross the wire);
+    # the payload audit test holds every method to this
+    per_sample: str = ""
 
     @property
     def federated(self) -> bool:
@@ -72,6 +75,7 @@ METHODS: dict[str, MethodSpec] = {
             vertical=True,
             modalities=("multiview",),
             config=CeFMCConfig,
+            per_sample="up: H_v^(0) (N x k) once, then labels y_v (N); down: consensus labels y (N)",
         ),
         MethodSpec(
             "cefmc-h",
@@ -82,6 +86,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("multiview",),
             config=CeFMCConfig,
             table="cefmc",  # the ablation runs with CeFMC's own keys
+            per_sample="up: H_v (N x k) every round; down: consensus labels y (N)",
         ),
         MethodSpec(
             "fedcmv",
@@ -91,6 +96,7 @@ METHODS: dict[str, MethodSpec] = {
             vertical=True,
             modalities=("multiview",),
             config=FedCMvConfig,
+            per_sample="up: partial distances (N x k); down: labels (N)",
         ),
         MethodSpec(
             "fedfcmv",
@@ -100,6 +106,7 @@ METHODS: dict[str, MethodSpec] = {
             vertical=True,
             modalities=("multiview",),
             config=FedFCMvConfig,
+            per_sample="up: partial distances (N x k); down: memberships (N x k)",
         ),
         MethodSpec(
             "gfedntm",

@@ -1,0 +1,256 @@
+"""Property: whatever malformed replies arrive beside the honest ones, aggregation raises nothing and
+its result is exactly the result of the honest replies alone (every strategy, every phase)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from unittest.mock import MagicMock
+
+import numpy as np
+import pytest
+from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_proxy import ClientProxy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedapp.config import parse_run_config
+from strategies.cefmc import CeFMCHStrategy, CeFMCStrategy
+from strategies.fedcmv import FedCMvStrategy, FedFCMvStrategy
+from strategies.ffcm import FFCMStrategy
+from strategies.gfedntm import GFedNTMStrategy
+from strategies.kfed import KFedStrategy
+
+K, N, DIM = 3, 24, 4
+Result = tuple[ClientProxy, FitRes]
+
+
+def _proxy(cid: str) -> ClientProxy:
+    proxy = MagicMock(spec=ClientProxy)
+    proxy.cid = cid
+    return proxy
+
+
+def _result(cid: str, arrays: list[np.ndarray], metrics: dict[str, Any], n: int = 10) -> Result:
+    return _proxy(cid), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+# ------------------------------------------------------------------- strategies in a known state
+def _cfg(tmp_path: Path, method: str, **extra: Any) -> Any:
+    dataset = "digits-mv" if method in ("cefmc", "cefmc-h", "fedcmv", "fedfcmv") else "digits"
+    keys = {"method": method, "dataset": dataset, "out-dir": str(tmp_path), "k": K, **extra}
+    if dataset == "digits-mv":
+        keys["num-clients"] = 3
+    return parse_run_config(keys)
+
+
+def kfed_round_one(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    rng = _rng(1)
+    replies = [
+        _result(
+            f"c{i}", [rng.normal(size=(4, DIM)) + 5 * i, rng.integers(1, 9, 4)], {"partition-id": i, "k": K}
+        )
+        for i in range(3)
+    ]
+    return KFedStrategy(_cfg(tmp_path, "kfed")), 1, replies
+
+
+def ffcm_init(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    rng = _rng(2)
+    replies = [
+        _result(f"c{i}", [rng.normal(size=(K, DIM)) + i, rng.uniform(1, 5, K)], {"partition-id": i, "k": K})
+        for i in range(3)
+    ]
+    return FFCMStrategy(_cfg(tmp_path, "ffcm")), 1, replies
+
+
+def ffcm_update(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    rng = _rng(3)
+    strategy = FFCMStrategy(_cfg(tmp_path, "ffcm"))
+    strategy.centres = rng.normal(size=(K, DIM))
+    replies = [
+        _result(f"c{i}", [rng.normal(size=(K, DIM)), rng.uniform(1, 5, K)], {"partition-id": i, "k": K})
+        for i in range(3)
+    ]
+    return strategy, 2, replies
+
+
+def _views(seed: int) -> list[np.ndarray]:
+    rng = _rng(seed)
+    return [np.linalg.qr(rng.normal(size=(N, K)))[0] for _ in range(3)]
+
+
+def cefmc_init(tmp_path: Path, strategy_class: type = CeFMCStrategy) -> tuple[Any, int, list[Result]]:
+    strategy = strategy_class(_cfg(tmp_path, strategy_class.method))
+    replies = [_result(f"c{v}", [H], {"partition-id": v, "k": K}) for v, H in enumerate(_views(4))]
+    return strategy, 1, replies
+
+
+def cefmc_update(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    strategy, _, init = cefmc_init(tmp_path)
+    strategy.aggregate_fit(1, init, [])
+    rng = _rng(5)
+    replies = [
+        _result(
+            f"c{v}", [rng.integers(0, K, N).astype(np.uint8)], {"partition-id": v, "k": K, "objective": 1.5}
+        )
+        for v in range(3)
+    ]
+    return strategy, 2, replies
+
+
+def cefmc_h_update(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    strategy, _, init = cefmc_init(tmp_path, CeFMCHStrategy)
+    strategy.aggregate_fit(1, init, [])
+    replies = [
+        _result(f"c{v}", [H], {"partition-id": v, "k": K, "objective": 2.5}) for v, H in enumerate(_views(6))
+    ]
+    return strategy, 2, replies
+
+
+def fedcmv_round(tmp_path: Path, strategy_class: type = FedCMvStrategy) -> tuple[Any, int, list[Result]]:
+    rng = _rng(7)
+    strategy = strategy_class(_cfg(tmp_path, strategy_class.method))
+    replies = [
+        _result(f"c{v}", [rng.uniform(0.1, 4.0, size=(N, K))], {"partition-id": v, "k": K}) for v in range(3)
+    ]
+    return strategy, 1, replies
+
+
+def gfedntm_vocabulary(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    cfg = parse_run_config(
+        {"method": "gfedntm", "dataset": "synthetic-lda-tiny", "out-dir": str(tmp_path), "device": "cpu"}
+        | {"gfedntm.topics": K, "gfedntm.hidden": "4", "gfedntm.batch-size": 4}
+    )
+    terms = [np.array(["w000", "w001", "w003"]), np.array(["w000", "w002"]), np.array(["w001", "w002"])]
+    replies = [
+        _result(f"c{i}", [t, np.arange(1, t.size + 1)], {"partition-id": i, "k": K, "context-dim": 0}, n=8)
+        for i, t in enumerate(terms)
+    ]
+    return GFedNTMStrategy(cfg), 1, replies
+
+
+def gfedntm_step(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    from fedapp.torch_glue import FINGERPRINT_KEY, state_arrays, state_schema
+
+    strategy, _, vocabulary = gfedntm_vocabulary(tmp_path)
+    strategy.aggregate_fit(1, vocabulary, [])
+    rng = _rng(8)
+    fingerprint = state_schema(strategy.model).fingerprint
+    replies = []
+    for i in range(3):
+        gradient = [
+            rng.normal(size=a.shape).astype(a.dtype) for a in state_arrays(strategy.model, "trainable")
+        ]
+        buffers = state_arrays(strategy.model, "buffers")
+        metrics = {"partition-id": i, "k": K, "step": 0, "loss": 1.0, FINGERPRINT_KEY: fingerprint}
+        replies.append(_result(f"c{i}", [*gradient, *buffers], metrics, n=strategy.expected_documents(i)))
+    return strategy, 2, replies
+
+
+CASES: dict[str, Callable[[Path], tuple[Any, int, list[Result]]]] = {
+    "kfed": kfed_round_one,
+    "ffcm-init": ffcm_init,
+    "ffcm-update": ffcm_update,
+    "cefmc-init": cefmc_init,
+    "cefmc-update": cefmc_update,
+    "cefmc-h-update": cefmc_h_update,
+    "fedcmv": fedcmv_round,
+    "fedfcmv": lambda tmp_path: fedcmv_round(tmp_path, FedFCMvStrategy),
+    "gfedntm-vocabulary": gfedntm_vocabulary,
+    "gfedntm-step": gfedntm_step,
+}
+
+
+# --------------------------------------------------------------------------- malformed replies
+MUTATIONS = (
+    "non-finite",
+    "drop-array",
+    "extra-array",
+    "extra-axis",
+    "wrong-dtype-kind",
+    "no-partition-id",
+    "string-partition-id",
+    "wrong-k",
+    "garbage-bytes",
+    "oversized-bytes",
+)
+
+
+@st.composite
+def malformed(draw: st.DrawFn, honest: list[Result]) -> Result:
+    """A copy of one honest reply with one change that makes it invalid for every strategy."""
+    _, source = honest[draw(st.integers(0, len(honest) - 1))]
+    arrays = [np.array(a) for a in parameters_to_ndarrays(source.parameters)]
+    metrics = dict(source.metrics)
+    mutation = draw(st.sampled_from(MUTATIONS))
+    index = draw(st.integers(0, len(arrays) - 1))
+    parameters: Parameters | None = None
+    if mutation == "non-finite":
+        floats = [i for i, a in enumerate(arrays) if a.dtype.kind == "f"] or [
+            i
+            for i, a in enumerate(arrays)
+            if a.dtype.kind in "iu"  # terms (unicode) cannot hold NaN
+        ]
+        target = floats[draw(st.integers(0, len(floats) - 1))]
+        arrays[target] = arrays[target].astype(np.float64)
+        flat = arrays[target].reshape(-1)
+        flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    elif mutation == "drop-array":
+        arrays = arrays[:index] + arrays[index + 1 :] if len(arrays) > 1 else []
+    elif mutation == "extra-array":
+        arrays.append(np.zeros(draw(st.integers(1, 5))))
+    elif mutation == "extra-axis":
+        arrays[index] = arrays[index][..., None]
+    elif mutation == "wrong-dtype-kind":
+        kind = arrays[index].dtype.kind
+        arrays[index] = (
+            np.zeros(arrays[index].shape)  # terms (unicode) become numbers
+            if kind == "U"
+            else arrays[index].astype(np.int64 if kind == "f" else np.float64)
+        )
+    elif mutation == "no-partition-id":
+        metrics.pop("partition-id")
+    elif mutation == "string-partition-id":
+        metrics["partition-id"] = str(metrics["partition-id"])
+    elif mutation == "wrong-k":
+        metrics["k"] = K + draw(st.integers(1, 5))
+    elif mutation == "garbage-bytes":
+        blob = draw(st.binary(min_size=0, max_size=64))
+        parameters = Parameters(tensors=[blob] * len(arrays), tensor_type="numpy.ndarray")
+    else:  # far more bytes than the reply can hold: refused before decoding (open shapes: decoded, then bad)
+        parameters = Parameters(tensors=[b"\x93NUMPY" + b"\0" * (1 << 16)], tensor_type="numpy.ndarray")
+    if parameters is None:
+        parameters = ndarrays_to_parameters(arrays)
+    cid = f"bad{draw(st.integers(0, 999))}"
+    return _proxy(cid), FitRes(Status(Code.OK, ""), parameters, source.num_examples, metrics)
+
+
+def _outcome(strategy: Any, server_round: int, results: list[Result]) -> list[np.ndarray] | None:
+    parameters, _ = strategy.aggregate_fit(server_round, results, [])
+    return None if parameters is None else parameters_to_ndarrays(parameters)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_malformed_replies_never_change_the_honest_result(
+    tmp_path: Path, case: str, data: st.DataObject
+) -> None:
+    reference, server_round, honest = CASES[case](tmp_path / "reference")
+    expected = _outcome(reference, server_round, honest)
+    assert expected is not None  # the honest replies alone do aggregate
+    strategy, _, honest_again = CASES[case](tmp_path / "mixed")
+    bad = data.draw(st.lists(malformed(honest), min_size=1, max_size=4), label="malformed replies")
+    order = data.draw(st.permutations(honest_again + bad), label="arrival order")
+    got = _outcome(strategy, server_round, list(order))  # must not raise
+    assert got is not None and len(got) == len(expected)
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    record = strategy.participation[server_round]
+    assert len(record["rejected"]) == len({proxy.cid for proxy, _ in bad} - {p.cid for p, _ in honest})

@@ -1,0 +1,109 @@
+"""Payload audit: every message of a short run of every method, checked for per-sample arrays.
+
+Raw samples and labels never leave a client. A method whose registry entry declares no `per_sample`
+payloads must never send an array with a dimension equal to a client's sample count (or the dataset's);
+methods that do by design (CeFMC's H_v^(0) and labels, FedCMv's partial distances) must declare it.
+Evaluation replies are contingency tables (cluster x class counts): their size is checked too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, parameters_to_ndarrays
+
+import fedapp.inprocess as inprocess
+from fedapp.config import parse_run_config
+from fedapp.local_data import load_run_dataset, local_partition
+from fedapp.methods import METHODS
+from fedapp.metrics import decode_table
+from simulation.runner import build_overrides, execute
+
+# A short, cheap run per federated method (add one for every new method: the test fails without it).
+# Sizes are chosen so that no model dimension equals a client's sample count by accident.
+AUDIT_RUNS: dict[str, dict[str, Any]] = {
+    "kfed": {"dataset": "digits", "num-clients": 7},
+    "ffcm": {"dataset": "digits", "num-clients": 7, "num-rounds": 3},
+    "cefmc": {"dataset": "digits-mv", "num-rounds": 3},
+    "cefmc-h": {"dataset": "digits-mv", "num-rounds": 3},
+    "fedcmv": {"dataset": "digits-mv", "num-rounds": 3},
+    "fedfcmv": {"dataset": "digits-mv", "num-rounds": 3},
+    "gfedntm": {
+        "dataset": "synthetic-lda-tiny",
+        "num-clients": 5,
+        "partition": "by-group",
+        "num-rounds": 4,
+        "gfedntm.topics": 7,
+        "gfedntm.batch-size": 16,
+    },
+}
+
+
+class _Recorder:
+    """Collects the shapes of every array crossing the wire, per direction."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[str, str, tuple[int, ...]]] = []  # (direction, what, shape)
+
+    def arrays(self, direction: str, what: str, parameters: Any) -> None:
+        for array in parameters_to_ndarrays(parameters):
+            self.shapes.append((direction, what, array.shape))
+
+    def metrics(self, direction: str, what: str, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            if key == "table" and isinstance(value, bytes):
+                self.shapes.append((direction, f"{what} table", decode_table(value).shape))
+            elif isinstance(value, bytes | list):
+                self.shapes.append((direction, f"{what} {key}", (len(value),)))
+
+
+def _recording_proxy(recorder: _Recorder) -> type:
+    class RecordingProxy(inprocess.InProcessClientProxy):
+        def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
+            recorder.arrays("down", "fit", ins.parameters)
+            res = super().fit(ins, timeout, group_id)
+            recorder.arrays("up", "fit", res.parameters)
+            recorder.metrics("up", "fit", res.metrics)
+            return res
+
+        def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
+            recorder.arrays("down", "evaluate", ins.parameters)
+            res = super().evaluate(ins, timeout, group_id)
+            recorder.metrics("up", "evaluate", res.metrics)
+            return res
+
+    return RecordingProxy
+
+
+def test_every_federated_method_has_an_audit_run() -> None:
+    federated = {name for name, spec in METHODS.items() if spec.federated}
+    assert federated <= set(AUDIT_RUNS), f"add an AUDIT_RUNS entry for {sorted(federated - set(AUDIT_RUNS))}"
+
+
+@pytest.mark.parametrize("method", sorted(AUDIT_RUNS))
+def test_no_per_sample_array_crosses_the_wire_unless_declared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    recorder = _Recorder()
+    monkeypatch.setattr(inprocess, "InProcessClientProxy", _recording_proxy(recorder))
+    overrides = build_overrides({"method": method, "seed": 0, **AUDIT_RUNS[method]}, tmp_path)
+    summary = execute(overrides, engine="inprocess", quiet=True)
+    assert summary["status"] in ("completed", "converged") and recorder.shapes
+    cfg = parse_run_config(overrides)
+    n_total = load_run_dataset(cfg).n_samples
+    sample_counts = {n_total}
+    if not METHODS[method].vertical:
+        sample_counts |= {
+            local_partition(cfg, pid, cfg.num_clients).n_samples for pid in range(cfg.num_clients)
+        }
+    per_sample = [(d, what, shape) for d, what, shape in recorder.shapes if set(shape) & sample_counts]
+    if METHODS[method].per_sample:
+        assert per_sample, f"{method} declares per-sample payloads but none was seen"
+    else:
+        assert not per_sample, f"{method} sent per-sample arrays: {per_sample[:5]}"
+    for direction, what, shape in recorder.shapes:  # evaluation sends counts, never labels
+        if what == "evaluate table":
+            assert direction == "up" and len(shape) == 2 and np.prod(shape) <= 100 * 100
