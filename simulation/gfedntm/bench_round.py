@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -36,8 +35,7 @@ def cost_overrides(steps: int) -> dict:
 
 
 def deployed(overrides: dict, out: Path) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "deploy"))
-    from run_local import deploy  # deploy/ is scripts, not a package
+    from deploy.run_local import deploy
 
     final = build_overrides(overrides, out)
     code = deploy(final, int(final["num-clients"]), out)
