@@ -10,7 +10,8 @@ centralized ProdLDA. Needs ../shared/data (or $FEDAPP_DATA_DIR).
 Metrics for every model, on the union corpus: NPMI of the top-10 words (document co-occurrence counts,
 which the federation sums over clients), topic diversity of the top-25 words, and coverage = Eq. 7's
 AMWMD between client l's own (non-collaborative) topics and the evaluated model's topics, with word
-vectors from the bundled sentence encoder (lower = client l's topics are better covered).
+vectors from the bundled sentence encoder (lower = client l's topics are better covered), averaged over
+the clients (for a client's model: over the other clients).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             "npmi": npmi(top10, present),
             "td": topic_diversity(top[:, :DIVERSITY_TOP_WORDS]),
             "amwmd_per_client": coverage,
-            "amwmd_mean": float(np.mean(coverage)),
+            # a client's own topics are trivially covered by its own model: average over the others
+            "amwmd_mean": float(np.mean([c for o, c in zip(own, coverage, strict=True) if o != name])),
             "top_words": [[terms[j] for j in row[:NPMI_TOP_WORDS]] for row in top],
         }
     result = {
