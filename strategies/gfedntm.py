@@ -37,6 +37,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.bow import BowError, DocumentFrequencies, merge_document_frequencies, select_vocabulary
+from fedapp.config import RunConfig
 from fedapp.datasets.synthetic import VARIANTS as SYNTHETIC_DATASETS
 from fedapp.datasets.synthetic import synthetic_truth
 from fedapp.ledger import mapping_nbytes, parameters_nbytes
@@ -97,7 +98,7 @@ class GFedNTMStrategy(ClusteringStrategy):
 
     method = "gfedntm"
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         self.params = cfg.params(GFedNTMConfig)
         self.k = self.params.topics
