@@ -44,7 +44,13 @@ def plot_fig3(out_dir: Path, results_root: Path = Path("results")) -> list[Path]
         path = results_root / f"gfedntm-{experiment}" / "results.json"
         if not path.exists():
             continue
-        rows = sorted(json.loads(path.read_text()), key=lambda row: row[key])
+        rows = json.loads(path.read_text())
+        shared_path = results_root / "gfedntm-A" / "results.json"
+        if experiment == "B" and shared_path.exists():  # eta = 0.01 is experiment A's K' = 10 run
+            rows += [
+                {**row, "eta": 0.01} for row in json.loads(shared_path.read_text()) if row["shared"] == 10
+            ]
+        rows = sorted(rows, key=lambda row: row[key])
         xs = [row[key] for row in rows]
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
         for scenario, colour in zip(SCENARIOS, ("tab:orange", "tab:blue", "tab:green"), strict=True):
