@@ -52,6 +52,10 @@ class ClusteringClient(NumPyClient):
     def identity_metrics(self) -> dict[str, Scalar]:
         return {"partition-id": self.partition_id, "k": self.k}
 
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        """Who this client is: the server asks clients it has not heard from (e.g. after a resume)."""
+        return self.identity_metrics()
+
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         raise NotImplementedError
 

@@ -63,15 +63,21 @@ class FFCMClient(ClusteringClient):
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         m = float(config["fuzziness"])
         X = self.data.features
+        n = self.data.n_samples
+        if config["phase"] == "moments":  # a sum the server may only see in total (SecAgg+)
+            X64 = np.asarray(X, dtype=np.float64)
+            return [X64.mean(0), (X64**2).mean(0)], n, self.identity_metrics()
         if config["phase"] == "init":
             centres, mass = local_fcm(X, self.k, m, self.seed)
-            return [centres, mass], self.data.n_samples, self.identity_metrics()
+            return [centres, mass], n, self.identity_metrics()
         centres = parameters[0]
         extra_iters = int(config.get("local-iters", 1)) - 1
         if extra_iters > 0:  # local refinement before reporting (not exact FCM any more; documented)
             centres, _ = local_fcm(X, centres.shape[0], m, self.seed, centres=centres, iters=extra_iters)
         sums, mass = membership_sums(X, centres, m)
-        return [sums, mass], self.data.n_samples, self.identity_metrics()
+        if config.get("secagg"):  # SecAgg+ averages with weights n: send per-sample means, bounded values
+            sums, mass = sums / n, mass / n
+        return [sums, mass], n, self.identity_metrics()
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         # argmax_j u_ij is the nearest centre, so hard labels need no memberships

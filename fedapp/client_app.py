@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from flwr.client import Client, ClientApp
-from flwr.common import Context
+from pathlib import Path
 
+from flwr.client import Client, ClientApp
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import Context, Message
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+from fedapp.checkpoint import checkpoint_dir
+from fedapp.client_runtime import ManagedClient
 from fedapp.config import ConfigError, parse_run_config
 from fedapp.methods import load_class, method_spec
+from fedapp.results import default_out_dir
 
 
 def client_fn(context: Context) -> Client:
@@ -14,7 +22,19 @@ def client_fn(context: Context) -> Client:
     spec = method_spec(cfg.method)
     if spec.client is None:
         raise ConfigError(f"method '{cfg.method}' has no federated client")
-    return load_class(spec.client)(context, cfg).to_client()
+    checkpoints = None
+    if cfg.checkpoint_every or cfg.resume:
+        out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.method, cfg.dataset, cfg.seed)
+        checkpoints = checkpoint_dir(cfg, out_dir)
+    return ManagedClient(load_class(spec.client), context, cfg, checkpoints).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's SecAgg+ client mod for the messages of a SecAgg+ round (run-config `secagg`) only:
+    `secaggplus_mod` itself rejects every other fit message."""
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+app = ClientApp(client_fn=client_fn, mods=[secagg_when_asked])

@@ -55,7 +55,10 @@ class RunConfig(ConfigSection):
     )
     out_dir: str = config_key("", doc='output directory; "" -> results/<method>-<dataset>-s<seed>')
     eval_every: int = config_key(
-        1, ge=1, doc="evaluate every N rounds (and always after the last round or when the method stops)"
+        0,
+        ge=0,
+        doc="evaluate every N rounds, always after the last one; 0 = auto: every round up to 10 rounds, "
+        "else about 10 evaluations per run (evaluating every round doubles a long run's messages)",
     )
     dropout_rate: float = config_key(
         0.0, ge=0.0, lt=1.0, doc="simulated unavailability: a seeded fraction of clients skips each fit round"
@@ -67,6 +70,19 @@ class RunConfig(ConfigSection):
     min_fit_fraction: float = config_key(
         0.0, ge=0.0, le=1.0, doc="the same as a fraction of the federation (the larger minimum applies)"
     )
+    checkpoint_every: int = config_key(
+        0, ge=0, doc="checkpoint the server and client state every N rounds (0 = never)"
+    )
+    resume: bool = config_key(False, doc="continue from the last checkpoint in checkpoint-dir")
+    checkpoint_dir: str = config_key("", doc='checkpoint directory; "" -> <out-dir>/checkpoint')
+    secagg: bool = config_key(
+        False,
+        doc="Flower SecAgg+: the server sees only the sum of the clients' updates (methods that allow it)",
+    )
+    secagg_clip: float = config_key(8.0, gt=0.0, doc="SecAgg+ clipping range: |every uploaded value| <= this")
+    secagg_max_weight: float = config_key(
+        100000.0, gt=0.0, doc="SecAgg+ largest client weight (its sample count)"
+    )
     device: str = config_key("auto", choices=DEVICES, doc="torch device; auto = cuda when available")
     deterministic: bool = config_key(False, doc="torch deterministic algorithms (slower; bitwise repeatable)")
     embedding_model: str = config_key(
@@ -74,6 +90,11 @@ class RunConfig(ConfigSection):
         doc="sentence-transformers model name or path (default: the bundled all-MiniLM-L6-v2)",
     )
     method_config: ConfigSection | None = field(default=None, compare=True)
+
+    @property
+    def evaluation_interval(self) -> int:
+        """Rounds between evaluations (`eval-every`, with 0 resolved)."""
+        return self.eval_every or max(1, -(-self.num_rounds // 10))
 
     def params(self, kind: type[Section]) -> Section:
         """The method's own keys, typed: `cfg.params(CeFMCConfig).lam`."""
@@ -149,6 +170,11 @@ def _validate(cfg: RunConfig) -> None:
     if not cfg.dataset:
         raise ConfigError("run-config 'dataset' is empty")
     spec = method_spec(cfg.method)
+    if cfg.secagg and not spec.secagg:
+        supported = sorted(name for name, other in METHODS.items() if other.secagg)
+        raise ConfigError(
+            f"secagg=true: method '{cfg.method}' does not aggregate sums; SecAgg+ works with {supported}"
+        )
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"
         raise ConfigError(f"method '{cfg.method}' needs {need}, got partition='{cfg.partition}'")

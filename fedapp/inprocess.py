@@ -13,7 +13,6 @@ from typing import Any
 
 from flwr.client import Client
 from flwr.common import (
-    Code,
     Context,
     DisconnectRes,
     EvaluateIns,
@@ -26,7 +25,6 @@ from flwr.common import (
     GetPropertiesRes,
     ReconnectIns,
     RecordDict,
-    Status,
 )
 from flwr.server import ServerAppComponents
 from flwr.server.client_manager import SimpleClientManager
@@ -47,7 +45,7 @@ class InProcessClientProxy(ClientProxy):
     def get_properties(
         self, ins: GetPropertiesIns, timeout: float | None, group_id: int | None
     ) -> GetPropertiesRes:
-        return GetPropertiesRes(Status(Code.OK, ""), {})
+        return self.client_fn(self.context).get_properties(ins)
 
     def get_parameters(
         self, ins: GetParametersIns, timeout: float | None, group_id: int | None

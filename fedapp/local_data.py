@@ -95,7 +95,7 @@ def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> L
     )
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4096)  # a Ray actor hosts many virtual clients (100+ in the scale runs)
 def _local_partition(
     dataset: str,
     data_dir: str,
@@ -111,8 +111,26 @@ def _local_partition(
 ) -> LocalData:
     # Cached: Flower rebuilds the client every round, and a Ray actor may host several virtual clients.
     data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
-    parts = partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha)
+    parts = _partition(dataset, data_dir, seed, max_samples, scheme, p, ratio, alpha, num_partitions)
     return LocalData(data, parts[partition_id], scaling)
+
+
+@lru_cache(maxsize=8)
+def _partition(
+    dataset: str,
+    data_dir: str,
+    seed: int,
+    max_samples: int,
+    scheme: str,
+    p: float,
+    ratio: str,
+    alpha: float,
+    num_partitions: int,
+) -> tuple[np.ndarray, ...]:
+    """Every client's indices, computed once per process (each client takes its own part)."""
+    data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
+    parts = partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha)
+    return tuple(parts)
 
 
 def local_view(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
@@ -125,7 +143,7 @@ def local_view(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalD
     )
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=64)
 def _local_view(
     dataset: str,
     data_dir: str,

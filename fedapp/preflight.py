@@ -11,6 +11,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from fedapp.checkpoint import checkpoint_dir
 from fedapp.config import ConfigError, RunConfig
 from fedapp.local_data import load_run_dataset, views_of
 from fedapp.methods import method_spec
@@ -25,6 +26,11 @@ def check_run(cfg: RunConfig, num_clients: int) -> None:
             "SuperNode', only means something in a deployment)"
         )
     check_out_dir(Path(cfg.out_dir))
+    if cfg.resume and not (checkpoint_dir(cfg, Path(cfg.out_dir)) / "latest.json").is_file():
+        raise ConfigError(
+            f"resume=true but there is no checkpoint in {checkpoint_dir(cfg, Path(cfg.out_dir))} "
+            "(the first run needs checkpoint-every > 0)"
+        )
     data = load_run_dataset(cfg)  # reads and parses every file: a corrupt one fails here
     k = cfg.k or data.n_classes
     if method_spec(cfg.method).vertical:

@@ -7,11 +7,13 @@ from logging import INFO
 from flwr.common import Context, log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid
 
 from fedapp.config import ConfigError, parse_run_config
 from fedapp.methods import load_class, method_spec
 from fedapp.results import PROGRESS_MARKER
-from fedapp.server_loop import FedappServer
+from fedapp.server_loop import FedappServer, run_secure
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -24,6 +26,11 @@ def server_fn(context: Context) -> ServerAppComponents:
             f"run it with: python -m simulation run --method {cfg.method} --dataset {cfg.dataset}"
         )
     strategy = load_class(spec.strategy)(cfg)
+    if cfg.resume:
+        try:
+            strategy.restore()
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
     log(
         INFO,
         "%s %s on %s: clients=%d rounds=%d seed=%d out-dir=%s",
@@ -40,4 +47,16 @@ def server_fn(context: Context) -> ServerAppComponents:
     return ServerAppComponents(server=server, config=config)
 
 
-app = ServerApp(server_fn=server_fn)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Flower's legacy server loop (our `FedappServer`), or its SecAgg+ variant when `secagg` is on."""
+    components = server_fn(context)
+    assert components.server is not None and components.config is not None
+    cfg = parse_run_config(context.run_config)
+    if cfg.secagg:
+        run_secure(grid, context, components.server, components.config, cfg)
+    else:
+        start_grid(grid=grid, server=components.server, config=components.config)

@@ -14,7 +14,7 @@ from fedapp.results import exit_code, format_metrics_table
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.presets import apply_preset
-from simulation.processes import Interrupted, interruptible
+from simulation.processes import Interrupted, interruptible, local_superlinks
 from simulation.runner import (
     DEFAULT_CPUS_PER_CLIENT,
     ENGINES,
@@ -79,7 +79,24 @@ def _parser() -> argparse.ArgumentParser:
     methods.add_argument(
         "--toml", action="store_true", help="print the [tool.flwr.app.config] tables pyproject.toml must hold"
     )
+    stop = sub.add_parser(
+        "stop-local-superlink",
+        help="stop the simulation SuperLink a plain `flwr run` left running (this user, this FLWR_HOME)",
+    )
+    stop.add_argument("--flwr-home", type=Path, help="default: $FLWR_HOME, else ~/.flwr")
     return parser
+
+
+def _stop_local_superlinks(flwr_home: Path | None) -> int:
+    import os
+    import signal
+
+    home = flwr_home or Path(os.environ.get("FLWR_HOME", str(Path.home() / ".flwr")))
+    pids = local_superlinks(home)
+    for pid in pids:
+        os.killpg(os.getpgid(pid), signal.SIGTERM) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGTERM)
+    print(f"stopped {len(pids)} local SuperLink(s) of {home}: {pids}" if pids else f"none running for {home}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> int:
+    if args.command == "stop-local-superlink":
+        return _stop_local_superlinks(args.flwr_home)
     if args.command == "datasets":
         infos = dataset_infos()
         columns = shutil.get_terminal_size().columns

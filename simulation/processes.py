@@ -235,3 +235,29 @@ def interruptible() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def local_superlinks(flwr_home: Path) -> list[int]:
+    """PIDs of simulation SuperLinks that a plain `flwr run` started for this FLWR_HOME (and this user).
+
+    `flwr run` with the default `local` connection starts `flower-superlink --simulation` detached and
+    leaves it running; it is recognised by its command line and its FLWR_HOME, so nothing else is hit.
+    """
+    wanted = str(flwr_home.expanduser().resolve())
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(arg.endswith(b"flower-superlink") for arg in argv[:2]) or b"--simulation" not in argv:
+                continue
+            environ = dict(
+                item.split(b"=", 1) for item in (entry / "environ").read_bytes().split(b"\0") if b"=" in item
+            )
+            home = environ.get(b"FLWR_HOME", str(Path.home() / ".flwr").encode()).decode()
+            if str(Path(home).expanduser().resolve()) == wanted:
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found

@@ -183,6 +183,8 @@ def execute(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
     cfg = parse_run_config(overrides)  # fails before any process starts
+    if cfg.secagg and engine == "inprocess":
+        raise ConfigError("secagg=true needs --engine flwr: Flower's SecAgg+ runs on its message runtime")
     resources = resources or ClientResources()
     resources.validate()
     if cfg.device == "cuda" and cuda_device_count() == 0:

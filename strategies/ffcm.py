@@ -39,6 +39,17 @@ def centres_from_sums(sums: list[np.ndarray], masses: list[np.ndarray]) -> np.nd
     return np.sum(sums, axis=0) / total_mass[:, None]
 
 
+def centres_from_moments(mean: np.ndarray, mean_square: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Initial centres for secure aggregation: k seeded draws from N(mean, variance) per feature.
+
+    The federated mean and mean square are sums, so SecAgg+ can hide each client's share; local FCM
+    centres (the default init) cannot be merged by a sum.
+    """
+    std = np.sqrt(np.maximum(mean_square - mean**2, 0.0))
+    rng = np.random.default_rng([seed, 0xFC3])
+    return mean + std * rng.standard_normal((k, mean.shape[0]))
+
+
 def relative_shift(old: np.ndarray, new: np.ndarray) -> float:
     return float(np.abs(new - old).max() / max(np.abs(old).max(), 1e-12))
 
@@ -49,42 +60,65 @@ class FFCMStrategy(ClusteringStrategy):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         self.params = cfg.params(FFCMConfig)
+        # under SecAgg+ the server only ever sees sums, so the initialisation must be one too
+        self.init = "moments" if cfg.secagg else self.params.init
         self.centres: np.ndarray | None = None
         self.shifts: list[float] = []
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
-        phase = "init" if self.centres is None else "update"
+        phase = (
+            "update" if self.centres is not None else "init" if self.init == "local-centres" else "moments"
+        )
         return {
             **super().fit_config(server_round),
             "phase": phase,
             "fuzziness": self.params.fuzziness,
             "local-iters": self.params.local_iters,
+            "secagg": self.cfg.secagg,
         }
 
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
+        if self.centres is None and self.init == "moments":
+            return [ArraySpec("mean", (None,)), ArraySpec("mean square", (None,))]
         if self.centres is None:
             return [ArraySpec("centres", (None, None)), ArraySpec("mass", (None,))]
         k, dim = self.centres.shape
         return [ArraySpec("sums", (k, dim)), ArraySpec("mass", (k,))]
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
-        # local centres: the feature dimension is not known before the first replies
-        return consistent_replies(replies, server_round) if self.centres is None else replies
+        # the feature dimension is not known before the first replies
+        if self.centres is not None:
+            return replies
+        return consistent_replies(replies, server_round, axis=0 if self.init == "moments" else 1)
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
-        centres_or_sums, mass = reply.arrays
-        if mass.shape[0] != centres_or_sums.shape[0] or (mass < 0).any():
-            raise ReplyError(f"membership mass of shape {mass.shape} for {centres_or_sums.shape[0]} rows")
+        first, second = reply.arrays
+        if first.shape[0] != second.shape[0]:
+            raise ReplyError(f"arrays of {first.shape[0]} and {second.shape[0]} rows")
+        if self.centres is not None or self.init == "local-centres":
+            tolerance = 1e-4 if self.cfg.secagg else 0.0  # SecAgg+ quantisation noise around zero
+            if (second < -tolerance).any():
+                raise ReplyError("negative membership mass")
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
-        if self.centres is None:
+        if self.centres is None and self.init == "moments":
+            assert self.k is not None
+            weights = [r.num_examples for r in replies]  # under SecAgg+ the replies hold one average already
+            mean = np.average([r.arrays[0] for r in replies], axis=0, weights=weights)
+            mean_square = np.average([r.arrays[1] for r in replies], axis=0, weights=weights)
+            self.centres = centres_from_moments(mean, mean_square, self.k, self.cfg.seed)
+            log(INFO, "FFCM: initial centres from the federated feature moments (%d replies)", len(replies))
+        elif self.centres is None:
             assert self.k is not None  # _validated rejects every reply while k is unknown
             self.centres = merge_weighted_centres(
                 [r.arrays[0] for r in replies], [r.arrays[1] for r in replies], self.k, self.cfg.seed
             )
             log(INFO, "FFCM: initial centres from %d clients' local FCM centres", len(replies))
         else:
-            updated = centres_from_sums([r.arrays[0] for r in replies], [r.arrays[1] for r in replies])
+            # plain: sum_i sums_i / sum_i mass_i. SecAgg+: every reply holds the same secure average of
+            # (sums_i / n_i) and (mass_i / n_i), whose ratio is that very quotient
+            masses = [np.maximum(r.arrays[1], 0.0) for r in replies]
+            updated = centres_from_sums([r.arrays[0] for r in replies], masses)
             self.shifts.append(relative_shift(self.centres, updated))
             self.centres = updated
             if self.shifts[-1] <= self.params.delta:

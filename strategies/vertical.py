@@ -15,7 +15,7 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
+from flwr.common import FitIns, GetPropertiesIns, Parameters, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config import RunConfig
@@ -87,6 +87,8 @@ class VerticalStrategy(ClusteringStrategy):
         instructions = []
         for client in clients:
             view = self.partition_of.get(client.cid)
+            if view is None:  # e.g. a resumed run, whose nodes have new ids: ask the client who it is
+                view = self._ask_partition(client, server_round)
             if view is None or not 0 <= view < (self.n_views or 0):
                 log(
                     WARNING,
@@ -97,6 +99,27 @@ class VerticalStrategy(ClusteringStrategy):
                 continue
             instructions.append((client, FitIns(ndarrays_to_parameters(self.view_payload(view)), config)))
         return instructions
+
+    def _ask_partition(self, client: ClientProxy, server_round: int) -> int | None:
+        """The partition id a client reports through `get_properties` (None if it cannot say)."""
+        try:
+            res = client.get_properties(
+                GetPropertiesIns({}), timeout=self.cfg.round_timeout or None, group_id=server_round
+            )
+        except Exception as exc:  # a client that cannot answer is treated like one that missed round 1
+            log(
+                WARNING,
+                "round %d: client %s did not say which view it holds: %s",
+                server_round,
+                client.cid,
+                exc,
+            )
+            return None
+        view = res.properties.get("partition-id")
+        if isinstance(view, int) and not isinstance(view, bool):
+            self.partition_of[client.cid] = view
+            return view
+        return None
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         # the first replies fix N (every view has the same samples): a client with other rows is rejected

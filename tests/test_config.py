@@ -220,3 +220,19 @@ def test_parse_set_options_later_items_win() -> None:
 def test_parse_set_options_rejects_malformed_items(item: str) -> None:
     with pytest.raises(ValueError, match="--set expects key=value"):
         parse_set_options([item])
+
+
+def test_secagg_only_for_methods_that_sum() -> None:
+    with pytest.raises(
+        ConfigError, match="method 'kfed' does not aggregate sums; SecAgg\\+ works with \\['ffcm'\\]"
+    ):
+        parse_run_config({"method": "kfed", "secagg": True})
+    assert parse_run_config({"method": "ffcm", "secagg": True}).secagg
+
+
+def test_secagg_needs_the_flower_engine(tmp_path: Path) -> None:
+    from simulation.runner import build_overrides, execute
+
+    overrides = build_overrides({"method": "ffcm", "secagg": True, "num-clients": 3}, tmp_path)
+    with pytest.raises(ConfigError, match="secagg=true needs --engine flwr"):
+        execute(overrides, engine="inprocess")

@@ -126,7 +126,7 @@ def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -
 def test_a_supernode_killed_mid_run_costs_at_most_one_round_timeout(tmp_path: Path) -> None:
     """SIGKILL one of 3 SuperNodes after round 2: its round waits at most round-timeout, the node is
     not asked again, and the run completes with the other two, status degraded (exit code 3)."""
-    timeout = 20
+    timeout = 45  # first rounds (process start-up, imports) must never hit it, even on a loaded machine
     out = tmp_path / "killed"
     command = [sys.executable, "deploy/run_local.py", "--method", "ffcm", "--dataset", "digits"]
     command += [
@@ -152,15 +152,33 @@ def test_a_supernode_killed_mid_run_costs_at_most_one_round_timeout(tmp_path: Pa
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()
     code = process.wait(timeout=60)
-    after_kill = time.monotonic() - (killed_at or 0)
     assert killed_at is not None, "".join(lines[-20:])
     assert code == 3, "".join(lines[-30:])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "degraded" and summary["rounds"] == 6
-    failed = {r: rec["failed"] for r, rec in summary["participation"].items() if rec["failed"]}
-    assert len(failed) == 1 and list(failed.values())[0], (
-        failed
-    )  # one round lost the node, later ones skip it
+    failed = {int(r): rec["failed"] for r, rec in summary["participation"].items() if rec["failed"]}
+    assert len(failed) == 1 and len(list(failed.values())[0]) == 1, failed  # later rounds skip the node
     assert len(summary["excluded_clients"]) == 1
-    # one round-timeout for the lost node, then four normal rounds (a few seconds each on loopback)
-    assert after_kill < 2 * timeout + 4 * 15, f"{after_kill:.0f} s after the kill"
+    seconds = {int(line.split()[1].split("/")[0]): float(line.split("|")[1].split()[0]) for line in lines
+               if line.startswith("round ")}  # fmt: skip
+    lost_round = next(iter(failed))
+    assert lost_round >= 3, failed  # the round after the kill, not an earlier hiccup
+    normal = sorted(t for r, t in seconds.items() if r not in (1, lost_round))[1]  # a typical round
+    assert seconds[lost_round] - normal < 2 * timeout, (seconds, lost_round)  # the kill cost <= 2 x timeout
+
+
+def test_secagg_ffcm_matches_the_plain_sums_up_to_quantisation(tmp_path: Path) -> None:
+    """FFCM under Flower's SecAgg+ (the server sees only the average of the clients' uploads) follows
+    the same path as FFCM with exact sums and the same initialisation, up to SecAgg+'s quantisation."""
+    keys = {"method": "ffcm", "dataset": "digits", "num-clients": 3, "num-rounds": 6, "ffcm.delta": 0.0}
+    plain = execute(
+        build_overrides({**keys, "ffcm.init": "moments"}, tmp_path / "plain"), engine="inprocess", quiet=True
+    )
+    secure = execute(
+        build_overrides({**keys, "secagg": True}, tmp_path / "secure"), engine="flwr", quiet=True
+    )
+    assert secure["status"] == "completed" and secure["config"]["secagg"] is True
+    assert abs(secure["metrics"]["nmi"] - plain["metrics"]["nmi"]) < 0.02
+    assert secure["centre_shift_per_round"] == pytest.approx(
+        plain["centre_shift_per_round"], rel=0.05, abs=1e-3
+    )

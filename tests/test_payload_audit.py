@@ -39,6 +39,7 @@ AUDIT_RUNS: dict[str, dict[str, Any]] = {
         "gfedntm.topics": 7,
         "gfedntm.batch-size": 16,
     },
+    "bench-echo": {"dataset": "digits", "num-clients": 7, "num-rounds": 2},
 }
 
 

@@ -175,3 +175,56 @@ def test_bad_input_exits_2_within_seconds_with_one_line(tmp_path: Path, case: st
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert elapsed < 10, f"{elapsed:.1f} s"  # 5 s on an idle machine; CI machines may be loaded
+
+
+# ------------------------------------------------------------------------------------------- resume
+@pytest.mark.parametrize(
+    ("method", "dataset", "strategy_path"),
+    [
+        ("ffcm", "digits", "strategies.ffcm.FFCMStrategy"),  # stateless clients
+        ("cefmc", "digits-mv", "strategies.cefmc.CeFMCStrategy"),  # clients keep H_v, y_v, C_v in state
+    ],
+)
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, dataset: str, strategy_path: str
+) -> None:
+    table = {"ffcm": "ffcm", "cefmc": "cefmc"}[method]
+    keys = {
+        "method": method,
+        "dataset": dataset,
+        "num-rounds": 6,
+        f"{table}.delta": 0.0,
+        "checkpoint-every": 1,
+    }
+    straight = _run(tmp_path / "straight", **keys)
+
+    module_name, class_name = strategy_path.rsplit(".", 1)
+    strategy_class = getattr(__import__(module_name, fromlist=[class_name]), class_name)
+    original = strategy_class.aggregate_fit
+
+    def crash_in_round_four(self: Any, server_round: int, results: Any, failures: Any) -> Any:
+        if server_round == 4:
+            raise KeyboardInterrupt("killed in round 4")
+        return original(self, server_round, results, failures)
+
+    monkeypatch.setattr(strategy_class, "aggregate_fit", crash_in_round_four)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path / "killed", **keys)
+    crashed = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert crashed["status"] == "failed" and "killed in round 4" in crashed["status_reason"]
+    monkeypatch.setattr(strategy_class, "aggregate_fit", original)
+
+    resumed = _run(tmp_path / "killed", **keys, resume=True)
+    assert resumed["status"] == "completed" and resumed["rounds"] == 6
+    assert resumed["metrics"] == straight["metrics"]
+    for field in ("centre_shift_per_round", "objective_per_round"):
+        if field in straight:
+            assert resumed[field] == straight[field]
+    assert resumed["comm_bytes"]["up"] == straight["comm_bytes"]["up"]  # the ledger resumed too
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    from fedapp.config import ConfigError
+
+    with pytest.raises(ConfigError, match="there is no checkpoint in"):
+        _run(tmp_path, method="ffcm", dataset="digits", resume=True)

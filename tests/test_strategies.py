@@ -591,3 +591,9 @@ def test_eval_every_evaluates_on_its_cadence_and_after_the_last_round(
     assert asked == evaluated
     strategy.finished = True  # a method that stops early is evaluated in the round it stops
     assert strategy.configure_evaluate(3, model, manager)
+
+
+@pytest.mark.parametrize(("num_rounds", "interval"), [(1, 1), (10, 1), (11, 2), (50, 5), (1000, 100)])
+def test_auto_eval_every_keeps_about_ten_evaluations(tmp_path: Path, num_rounds: int, interval: int) -> None:
+    cfg = _cfg(tmp_path, method="ffcm", **{"num-rounds": num_rounds})
+    assert cfg.eval_every == 0 and cfg.evaluation_interval == interval

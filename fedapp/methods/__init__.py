@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedapp.config_keys import ConfigSection
+from fedapp.methods.bench_echo import EchoConfig
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
@@ -38,6 +39,7 @@ class MethodSpec:
     # per-sample arrays its messages carry by design ("" = none: only model-sized arrays cross the wire);
     # the payload audit test holds every method to this
     per_sample: str = ""
+    secagg: bool = False  # its fit replies are averaged/summed, so Flower's SecAgg+ can hide them
 
     @property
     def federated(self) -> bool:
@@ -66,6 +68,7 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.ffcm:FFCMStrategy",
             "clients.ffcm:FFCMClient",
             config=FFCMConfig,
+            secagg=True,
         ),
         MethodSpec(
             "cefmc",
@@ -116,6 +119,13 @@ METHODS: dict[str, MethodSpec] = {
             "clients.gfedntm:GFedNTMClient",
             modalities=("bow", "texts"),
             config=GFedNTMConfig,
+        ),
+        MethodSpec(
+            "bench-echo",
+            "round-cost floor: clients echo a fixed payload, no maths (simulation.bench_rounds)",
+            "strategies.bench_echo:EchoStrategy",
+            "clients.bench_echo:EchoClient",
+            config=EchoConfig,
         ),
     )
 }

@@ -14,3 +14,9 @@ class FFCMConfig(ConfigSection):
     )
     local_iters: int = config_key(1, ge=1, doc="local FCM iterations per round (1 = exactly centralized FCM)")
     delta: float = config_key(1e-6, ge=0.0, doc="stop when the relative centre shift is <= delta")
+    init: str = config_key(
+        "local-centres",
+        choices=("local-centres", "moments"),
+        doc="initial centres: k-means over local FCM centres, or seeded draws from the federated feature "
+        "mean and variance (the only option with secagg)",
+    )

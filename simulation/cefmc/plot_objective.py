@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
                 "dataset": args.dataset,
                 "num-rounds": args.rounds,
                 "cefmc.delta": 0.0,
+                "eval-every": 1,  # ACC and purity after every round
                 "seed": args.seed,
                 "cefmc.lambda": args.lam,
             },

@@ -1,0 +1,25 @@
+"""`bench-echo` server: no maths; answers every round with a fixed-size model (the round-cost floor)."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import Parameters, ndarrays_to_parameters
+
+from fedapp.config import RunConfig
+from fedapp.methods.bench_echo import EchoConfig
+from fedapp.protocol import ArraySpec
+from strategies.base import ClientReply, ClusteringStrategy
+
+
+class EchoStrategy(ClusteringStrategy):
+    method = "bench-echo"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        self.params = cfg.params(EchoConfig)
+
+    def reply_spec(self, server_round: int) -> list[ArraySpec]:
+        return [ArraySpec("payload", (self.params.up_floats,))]
+
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
+        return ndarrays_to_parameters([np.zeros(self.params.down_floats)])
