@@ -22,7 +22,7 @@ from fedapp.preprocessing import SCALINGS
 __all__ = ["ConfigError", "RunConfig", "default_run_config", "parse_run_config", "valid_keys"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "vertical")
+PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "by-group", "vertical")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 Section = TypeVar("Section", bound=ConfigSection)

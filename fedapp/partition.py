@@ -14,7 +14,7 @@ class PartitionError(ValueError):
     """A partitioning request that cannot be met (unknown scheme, bad sizes or parameters)."""
 
 
-SCHEMES = ("iid", "p-hetero", "size-ratio", "dirichlet")
+SCHEMES = ("iid", "p-hetero", "size-ratio", "dirichlet", "by-group")
 
 # Dirichlet draws are repeated until every partition reaches `min_size`; past this many tries the
 # request (alpha too small for that many partitions) is reported instead of looping on.
@@ -35,8 +35,9 @@ def partition_indices(
     """Split sample indices 0..N-1 into `num_partitions` sorted, pairwise disjoint int64 arrays.
 
     `iid`, `size-ratio` and `dirichlet` cover every sample; `p-hetero` gives every client exactly
-    N // num_partitions samples and leaves the other N mod num_partitions unused. Every partition holds
-    at least `min_size` samples, otherwise PartitionError.
+    N // num_partitions samples and leaves the other N mod num_partitions unused; `by-group` gives client
+    i every sample whose label is the i-th (mod num_partitions) label value (the gFedNTM nodes, the 20
+    Newsgroups families). Every partition holds at least `min_size` samples, otherwise PartitionError.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1:
@@ -54,7 +55,9 @@ def partition_indices(
     if min_size < 1:
         raise PartitionError(f"min_size must be >= 1, got {min_size}")
     rng = np.random.default_rng(seed)
-    if scheme == "iid":
+    if scheme == "by-group":
+        parts = _by_group(labels, num_partitions)
+    elif scheme == "iid":
         parts = _iid(n_samples, num_partitions, rng)
     elif scheme == "size-ratio":
         parts = _size_ratio(n_samples, _ratio_parts(ratio, num_partitions), rng)
@@ -161,6 +164,17 @@ def _p_hetero(
     fill_ends = np.cumsum([size - own.size for own in own_draws])
     fills = np.split(remaining[: fill_ends[-1]], fill_ends[:-1])
     return [np.concatenate([own, fill]) for own, fill in zip(own_draws, fills, strict=True)]
+
+
+def _by_group(labels: np.ndarray, num_partitions: int) -> list[np.ndarray]:
+    """Label value i (in sorted order) goes to client i mod num_partitions: whole groups, no sampling."""
+    values, group = np.unique(labels, return_inverse=True)
+    if num_partitions > values.size:
+        raise PartitionError(
+            f"by-group needs at most one client per group: {values.size} groups, "
+            f"num_partitions={num_partitions}"
+        )
+    return [np.flatnonzero(group % num_partitions == client) for client in range(num_partitions)]
 
 
 def _dirichlet(

@@ -504,7 +504,7 @@ class ClusteringStrategy(Strategy):
         traffic = self.ledger.round_totals().get(server_round, {"up": 0, "down": 0})
         parts = [f"round {server_round}/{self.cfg.num_rounds}", f"{seconds:6.2f} s"]
         if metrics:
-            parts.append(" ".join(f"{key} {100 * metrics[key]:.2f}" for key in self.headline_metrics))
+            parts.append(self.headline_text(metrics))
         parts.append(f"up {_human_bytes(traffic['up'])} down {_human_bytes(traffic['down'])}")
         record = self.participation.get(server_round, {})
         if "accepted" in record:
@@ -516,6 +516,10 @@ class ClusteringStrategy(Strategy):
             ]
             parts.append(clients + (f" ({', '.join(problems)})" if problems else ""))
         log(INFO, "%s %s", PROGRESS_MARKER, " | ".join(parts))
+
+    def headline_text(self, metrics: dict[str, float]) -> str:
+        """The headline metrics in the progress line (percentages; methods with other scales override)."""
+        return " ".join(f"{key} {100 * metrics[key]:.2f}" for key in self.headline_metrics)
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         return None  # no server-side data: evaluation is federated (contingency tables)

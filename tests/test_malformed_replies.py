@@ -19,6 +19,7 @@ from fedapp.config import parse_run_config
 from strategies.cefmc import CeFMCHStrategy, CeFMCStrategy
 from strategies.fedcmv import FedCMvStrategy, FedFCMvStrategy
 from strategies.ffcm import FFCMStrategy
+from strategies.gfedntm import GFedNTMStrategy
 from strategies.kfed import KFedStrategy
 
 K, N, DIM = 3, 24, 4
@@ -121,6 +122,37 @@ def fedcmv_round(tmp_path: Path, strategy_class: type = FedCMvStrategy) -> tuple
     return strategy, 1, replies
 
 
+def gfedntm_vocabulary(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    cfg = parse_run_config(
+        {"method": "gfedntm", "dataset": "synthetic-lda-tiny", "out-dir": str(tmp_path), "device": "cpu"}
+        | {"gfedntm.topics": K, "gfedntm.hidden": "4", "gfedntm.batch-size": 4}
+    )
+    terms = [np.array(["w000", "w001", "w003"]), np.array(["w000", "w002"]), np.array(["w001", "w002"])]
+    replies = [
+        _result(f"c{i}", [t, np.arange(1, t.size + 1)], {"partition-id": i, "k": K, "context-dim": 0}, n=8)
+        for i, t in enumerate(terms)
+    ]
+    return GFedNTMStrategy(cfg), 1, replies
+
+
+def gfedntm_step(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    from fedapp.torch_glue import FINGERPRINT_KEY, state_arrays, state_schema
+
+    strategy, _, vocabulary = gfedntm_vocabulary(tmp_path)
+    strategy.aggregate_fit(1, vocabulary, [])
+    rng = _rng(8)
+    fingerprint = state_schema(strategy.model).fingerprint
+    replies = []
+    for i in range(3):
+        gradient = [
+            rng.normal(size=a.shape).astype(a.dtype) for a in state_arrays(strategy.model, "trainable")
+        ]
+        buffers = state_arrays(strategy.model, "buffers")
+        metrics = {"partition-id": i, "k": K, "step": 0, "loss": 1.0, FINGERPRINT_KEY: fingerprint}
+        replies.append(_result(f"c{i}", [*gradient, *buffers], metrics, n=strategy.expected_documents(i)))
+    return strategy, 2, replies
+
+
 CASES: dict[str, Callable[[Path], tuple[Any, int, list[Result]]]] = {
     "kfed": kfed_round_one,
     "ffcm-init": ffcm_init,
@@ -130,6 +162,8 @@ CASES: dict[str, Callable[[Path], tuple[Any, int, list[Result]]]] = {
     "cefmc-h-update": cefmc_h_update,
     "fedcmv": fedcmv_round,
     "fedfcmv": lambda tmp_path: fedcmv_round(tmp_path, FedFCMvStrategy),
+    "gfedntm-vocabulary": gfedntm_vocabulary,
+    "gfedntm-step": gfedntm_step,
 }
 
 
@@ -158,7 +192,11 @@ def malformed(draw: st.DrawFn, honest: list[Result]) -> Result:
     index = draw(st.integers(0, len(arrays) - 1))
     parameters: Parameters | None = None
     if mutation == "non-finite":
-        floats = [i for i, a in enumerate(arrays) if a.dtype.kind == "f"] or [index]
+        floats = [i for i, a in enumerate(arrays) if a.dtype.kind == "f"] or [
+            i
+            for i, a in enumerate(arrays)
+            if a.dtype.kind in "iu"  # terms (unicode) cannot hold NaN
+        ]
         target = floats[draw(st.integers(0, len(floats) - 1))]
         arrays[target] = arrays[target].astype(np.float64)
         flat = arrays[target].reshape(-1)
@@ -170,7 +208,12 @@ def malformed(draw: st.DrawFn, honest: list[Result]) -> Result:
     elif mutation == "extra-axis":
         arrays[index] = arrays[index][..., None]
     elif mutation == "wrong-dtype-kind":
-        arrays[index] = arrays[index].astype(np.int64 if arrays[index].dtype.kind == "f" else np.float64)
+        kind = arrays[index].dtype.kind
+        arrays[index] = (
+            np.zeros(arrays[index].shape)  # terms (unicode) become numbers
+            if kind == "U"
+            else arrays[index].astype(np.int64 if kind == "f" else np.float64)
+        )
     elif mutation == "no-partition-id":
         metrics.pop("partition-id")
     elif mutation == "string-partition-id":

@@ -31,6 +31,14 @@ AUDIT_RUNS: dict[str, dict[str, Any]] = {
     "cefmc-h": {"dataset": "digits-mv", "num-rounds": 3},
     "fedcmv": {"dataset": "digits-mv", "num-rounds": 3},
     "fedfcmv": {"dataset": "digits-mv", "num-rounds": 3},
+    "gfedntm": {
+        "dataset": "synthetic-lda-tiny",
+        "num-clients": 5,
+        "partition": "by-group",
+        "num-rounds": 4,
+        "gfedntm.topics": 7,
+        "gfedntm.batch-size": 16,
+    },
     "bench-echo": {"dataset": "digits", "num-clients": 7, "num-rounds": 2},
 }
 

@@ -8,11 +8,13 @@ Datasets come in four kinds, each with one payload field:
   (scikit-learn's digits, whose 17 grey levels are not bytes).
 - ``"multiview"``: aligned views (`views`, each N x D_v, float64, raw - scaling is the caller's business).
 - ``"texts"``: raw strings (`texts`); embedding them is the caller's business.
+- ``"bow"``: documents as term counts (`counts`, a read-only N x V int64 CSR matrix) over `vocabulary`
+  (V term strings): corpora that exist only as bags of words, such as generated LDA corpora.
 
-Every kind except texts also offers `features`, the one matrix that vector methods (k-means, k-FED, FFCM)
-read: the vectors themselves, the concatenated views, or the images flattened row-major (C, H, W) and
-scaled to [0, 1] - uint8 images as float32 pixels / 255, float images as they are. Image features are
-computed on first use and cached on the dataset, so a conv-net run never pays for them.
+Every kind except texts and bow also offers `features`, the one matrix that vector methods (k-means,
+k-FED, FFCM) read: the vectors themselves, the concatenated views, or the images flattened row-major
+(C, H, W) and scaled to [0, 1] - uint8 images as float32 pixels / 255, float images as they are. Image
+features are computed on first use and cached on the dataset, so a conv-net run never pays for them.
 
 Labels are always int64 in 0..n_classes-1 and every class occurs: numeric labels are remapped in
 ascending order, string labels (DryBean, 20 Newsgroups) in sorted name order, which `class_names` records.
@@ -29,9 +31,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import scipy.sparse
 
 # kind -> the Dataset field that carries its payload
-PAYLOADS = {"vectors": "vectors", "images": "images", "multiview": "views", "texts": "texts"}
+PAYLOADS = {"vectors": "vectors", "images": "images", "multiview": "views", "texts": "texts", "bow": "counts"}
 KINDS = tuple(PAYLOADS)
 DIGIT_NAMES = tuple(str(d) for d in range(10))
 
@@ -53,6 +56,8 @@ class Dataset:
     views: tuple[np.ndarray, ...] | None = None
     texts: tuple[str, ...] | None = None
     class_names: tuple[str, ...] | None = None
+    counts: scipy.sparse.csr_matrix | None = None
+    vocabulary: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -66,6 +71,10 @@ class Dataset:
             )
         n = self.n_samples
         rows = [len(a) for a in (self.vectors, self.images, self.texts) if a is not None]
+        if self.counts is not None:
+            rows.append(self.counts.shape[0])
+            if self.vocabulary is None or len(self.vocabulary) != self.counts.shape[1]:
+                raise DatasetError(f"dataset {self.name!r}: counts need one vocabulary term per column")
         rows += [len(v) for v in self.views or ()]
         if any(r != n for r in rows):
             raise DatasetError(f"dataset {self.name!r}: {n} labels but payload row counts {rows}")
@@ -86,7 +95,7 @@ class Dataset:
 
     @cached_property
     def features(self) -> np.ndarray | None:
-        """The N x D matrix vector methods read (None for texts); computed once, read-only."""
+        """The N x D matrix vector methods read (None for texts and bow); computed once, read-only."""
         if self.vectors is not None:
             return self.vectors
         if self.views is not None:
@@ -151,6 +160,8 @@ def build(
     views: Sequence[np.ndarray] | None = None,
     texts: Sequence[str] | None = None,
     class_names: Sequence[str] | None = None,
+    counts: scipy.sparse.csr_matrix | None = None,
+    vocabulary: Sequence[str] | None = None,
 ) -> Dataset:
     """Remap labels to 0..C-1, check the catalogue counts, freeze arrays and assemble a `Dataset`.
 
@@ -180,7 +191,15 @@ def build(
         views=None if views is None else tuple(freeze(np.ascontiguousarray(v, np.float64)) for v in views),
         texts=None if texts is None else tuple(texts),
         class_names=None if class_names is None else tuple(class_names),
+        counts=None if counts is None else _freeze_csr(scipy.sparse.csr_matrix(counts, dtype=np.int64)),
+        vocabulary=None if vocabulary is None else tuple(vocabulary),
     )
+
+
+def _freeze_csr(matrix: scipy.sparse.csr_matrix) -> scipy.sparse.csr_matrix:
+    for array in (matrix.data, matrix.indices, matrix.indptr):
+        freeze(array)
+    return matrix
 
 
 def check_label_range(labels: np.ndarray, first: int, n_classes: int, source: Path) -> None:
@@ -236,4 +255,5 @@ def subsample(full: Dataset, max_samples: int, seed: int) -> Dataset:
         images=None if full.images is None else freeze(full.images[chosen]),
         views=None if full.views is None else tuple(freeze(v[chosen]) for v in full.views),
         texts=None if full.texts is None else tuple(full.texts[i] for i in chosen),
+        counts=None if full.counts is None else _freeze_csr(full.counts[chosen]),
     )

@@ -14,12 +14,12 @@ from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 
-from fedapp.datasets import corpora, embedded, images, multiview, texts
+from fedapp.datasets import corpora, embedded, images, multiview, synthetic, texts
 from fedapp.datasets.common import Dataset, DatasetError, Embedded, OnDisk, Source, subsample
 from fedapp.datasets.multiview import MAT_DESCRIPTION, MAT_PREFIX
 from fedapp.methods import METHODS
 
-FAMILIES = (embedded, multiview, images, texts, corpora)
+FAMILIES = (embedded, multiview, images, texts, corpora, synthetic)
 DATA_DIR_ENV = "FEDAPP_DATA_DIR"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

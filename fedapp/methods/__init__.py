@@ -18,6 +18,7 @@ from fedapp.methods.bench_echo import EchoConfig
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
+from fedapp.methods.gfedntm import GFedNTMConfig
 from fedapp.methods.kfed import KFedConfig
 
 
@@ -109,6 +110,15 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("multiview",),
             config=FedFCMvConfig,
             per_sample="up: partial distances (N x k); down: memberships (N x k)",
+        ),
+        MethodSpec(
+            "gfedntm",
+            "gFedNTM (Calvo-Bartolome & Arenas-Garcia 2023): vocabulary consensus, then one mini-batch "
+            "gradient step per round (ProdLDA / CombinedTM)",
+            "strategies.gfedntm:GFedNTMStrategy",
+            "clients.gfedntm:GFedNTMClient",
+            modalities=("bow", "texts"),
+            config=GFedNTMConfig,
         ),
         MethodSpec(
             "bench-echo",
