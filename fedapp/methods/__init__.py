@@ -17,6 +17,7 @@ from fedapp.config_keys import ConfigSection
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
+from fedapp.methods.fstc import FSTCConfig
 from fedapp.methods.kfed import KFedConfig
 
 
@@ -99,6 +100,32 @@ METHODS: dict[str, MethodSpec] = {
             vertical=True,
             modalities=("multiview",),
             config=FedFCMvConfig,
+        ),
+        MethodSpec(
+            "fstc",
+            "FSTC (Hu et al. 2023): OT pseudo-labels + robust weights; local centres up, global centres down",
+            "strategies.fstc:FSTCStrategy",
+            "clients.fstc:FSTCClient",
+            modalities=("texts",),
+            config=FSTCConfig,
+        ),
+        MethodSpec(
+            "fstc-rstc",
+            "FSTC-RSTC ablation: pseudo-labels + robust weights, no centre aggregation, final averaging",
+            "strategies.fstc:FSTCRSTCStrategy",
+            "clients.fstc:FSTCRSTCClient",
+            modalities=("texts",),
+            config=FSTCConfig,
+            table="fstc",
+        ),
+        MethodSpec(
+            "fstc-stc",
+            "FSTC-STC ablation: pseudo-labels only, no centre aggregation, final averaging",
+            "strategies.fstc:FSTCSTCStrategy",
+            "clients.fstc:FSTCSTCClient",
+            modalities=("texts",),
+            config=FSTCConfig,
+            table="fstc",
         ),
     )
 }
