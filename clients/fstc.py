@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy.linalg
 import torch
 from flwr.common import Array, ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
 
@@ -77,7 +78,8 @@ def sinkhorn_log_plan(
     Eq. 4-6 iterate u = a ⊘ 𝒦v, v = b ⊘ 𝒦ᵀu with 𝒦 = exp(-M/ε) = P^(1/ε); with ε = 0.1 that is P^10,
     which underflows for any confident prediction, so we iterate log u and log v with logsumexp instead.
     The column marginals hold exactly after each v-update; iteration stops once every row sum is within
-    `tol` of 1 (relative to a_i = 1). Runs in float64 on `log_probs`' device.
+    `tol` of 1 (relative to a_i = 1), or after `max_iters` (then `marginal_error` says how far off the
+    rows are). Runs in float64 on `log_probs`' device.
     """
     if log_probs.ndim != 2 or log_probs.shape[0] < 1 or log_probs.shape[1] < 1:
         raise ValueError(f"log_probs must be N x K with N, K >= 1, got shape {tuple(log_probs.shape)}")
@@ -89,17 +91,22 @@ def sinkhorn_log_plan(
     n, k = log_kernel.shape
     log_a = torch.zeros(n, dtype=torch.float64, device=log_kernel.device)
     log_b = torch.full((k,), math.log(n / k), dtype=torch.float64, device=log_kernel.device)
+    log_u = torch.zeros(n, dtype=torch.float64, device=log_kernel.device)
     log_v = torch.zeros(k, dtype=torch.float64, device=log_kernel.device)
     error = math.inf
     iterations = 0
     while iterations < max_iters:
+        row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)  # log (𝒦v)_i
+        if iterations > 0:  # rows of the current plan sum to u_i (𝒦v)_i: check them for free
+            error = float(((log_u + row_terms).exp() - 1.0).abs().max())
+            if error <= tol:
+                break
         iterations += 1
-        log_u = log_a - torch.logsumexp(log_kernel + log_v[None, :], dim=1)  # Eq. 5
+        log_u = log_a - row_terms  # Eq. 5
         log_v = log_b - torch.logsumexp(log_kernel + log_u[:, None], dim=0)  # Eq. 6
-        row_sums = torch.logsumexp(log_kernel + log_u[:, None] + log_v[None, :], dim=1).exp()
-        error = float((row_sums - 1.0).abs().max())
-        if error <= tol:
-            break
+    else:
+        row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)
+        error = float(((log_u + row_terms).exp() - 1.0).abs().max())
     return SinkhornResult(log_u[:, None] + log_kernel + log_v[None, :], iterations, error)  # Eq. 4
 
 
@@ -137,16 +144,23 @@ class GaussianUniformMixture:
     log_gamma_: float | None = None
 
     def fit(self, residuals: np.ndarray, *, reset: bool = False) -> GaussianUniformMixture:
+        self.fit_responsibilities(residuals, reset=reset)
+        return self
+
+    def fit_responsibilities(self, residuals: np.ndarray, *, reset: bool = False) -> np.ndarray:
+        """`steps` EM iterations; returns r of the last E-step (Alg. 3 lines 3-7 use it for w)."""
         delta = _residuals(residuals)
         k = delta.shape[1]
         if reset or self.covariance_ is None or self.covariance_.shape != (k, k):
             norms = (delta**2).sum(1)
             inlier = (norms <= np.median(norms)).astype(np.float64)
             self._maximise(delta, inlier, 1.0 - inlier)
+        r = np.ones(delta.shape[0])
         for _ in range(self.steps):
             log_odds = self.log_odds(delta)
-            self._maximise(delta, _expit(log_odds), _expit(-log_odds))
-        return self
+            r = _expit(log_odds)
+            self._maximise(delta, r, _expit(-log_odds))
+        return r
 
     def responsibilities(self, residuals: np.ndarray) -> np.ndarray:
         """Eq. 9: posterior probability r_i that pseudo-label i is correct."""
@@ -159,7 +173,7 @@ class GaussianUniformMixture:
         delta = _residuals(residuals)
         k = delta.shape[1]
         chol = np.linalg.cholesky(self.covariance_)
-        whitened = np.linalg.solve(chol, delta.T)  # L⁻¹ δ: Mahalanobis distance without Σ⁻¹
+        whitened = scipy.linalg.solve_triangular(chol, delta.T, lower=True)  # L⁻¹ δ, without Σ⁻¹
         log_det = 2.0 * np.log(np.diag(chol)).sum()
         log_gauss = -0.5 * ((whitened**2).sum(0) + log_det + k * math.log(2 * math.pi))
         return math.log(self.prior_) + log_gauss - math.log(1.0 - self.prior_) - self.log_gamma_
@@ -318,8 +332,7 @@ class LocalUpdate:
         """Eq. 9-13 on every local sample: EM steps from the previous parameters, then w (1 without GUM)."""
         if not self.robust or progress.gum is None:
             return torch.ones(progress.targets.shape[0], device=progress.targets.device)
-        residuals = (progress.targets - progress.memory).cpu().numpy()
-        r = progress.gum.fit(residuals).responsibilities(residuals)
+        r = progress.gum.fit_responsibilities((progress.targets - progress.memory).cpu().numpy())
         return torch.as_tensor(
             robust_weights(r, self.gum_threshold), dtype=torch.float32, device=progress.targets.device
         )

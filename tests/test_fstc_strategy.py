@@ -251,7 +251,8 @@ def test_init_with_representations_runs_plain_kmeans(tmp_path: Path) -> None:
     reps = np.array([[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 10.0], [1.0, 10.0]])
     replies = [_reply("a", 0, [reps[:3]], 3), _reply("b", 1, [reps[3:]], 3)]
     strategy.aggregate_fit(1, replies, [])
-    np.testing.assert_allclose(_sorted_rows(strategy.centres), [[0.0, 0.5], [0.5, 10.0], [10.0, 0.5]], atol=1e-12)
+    expected = [[0.0, 0.5], [0.5, 10.0], [10.0, 0.5]]
+    np.testing.assert_allclose(_sorted_rows(strategy.centres), expected, atol=1e-12)
 
 
 def test_ablation_sends_no_centres_to_clients_that_have_the_model(tmp_path: Path) -> None:

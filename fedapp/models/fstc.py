@@ -64,7 +64,7 @@ class SentenceEncoder(nn.Module):
     def forward(self, texts: list[str]) -> torch.Tensor:
         features = self.model.tokenize(texts)
         device = next(self.model.parameters()).device
-        features = {name: value.to(device) for name, value in features.items()}
+        features = {name: v.to(device) if torch.is_tensor(v) else v for name, v in features.items()}
         return self.model(features)["sentence_embedding"]
 
 
