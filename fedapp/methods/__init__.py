@@ -19,6 +19,7 @@ from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.methods.kfed import KFedConfig
+from fedapp.methods.textkfed import TextKFedConfig
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,42 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("texts",),
             config=FSTCConfig,
             table="fstc",
+        ),
+        MethodSpec(
+            "fbow",
+            "FBOW (FSTC baseline): k-FED on term counts over a vocabulary merged from document frequencies",
+            "strategies.textkfed:BagOfWordsKFedStrategy",
+            "clients.textkfed:BagOfWordsKFedClient",
+            modalities=("texts",),
+            config=TextKFedConfig,
+            table="textkfed",
+        ),
+        MethodSpec(
+            "ftfidf",
+            "FTF-IDF (FSTC baseline): k-FED on TF-IDF rows over a merged vocabulary and idf",
+            "strategies.textkfed:TfIdfKFedStrategy",
+            "clients.textkfed:BagOfWordsKFedClient",
+            modalities=("texts",),
+            config=TextKFedConfig,
+            table="textkfed",
+        ),
+        MethodSpec(
+            "fsbert-kfed",
+            "FSBERT, federated (FSTC baseline): k-FED on the clients' sentence embeddings",
+            "strategies.textkfed:SentenceKFedStrategy",
+            "clients.textkfed:SentenceKFedClient",
+            modalities=("texts",),
+            config=TextKFedConfig,
+            table="textkfed",
+        ),
+        MethodSpec(
+            "fsbert",
+            "FSBERT (FSTC baseline, as in the paper): centralized k-means on the pooled sentence embeddings",
+            None,
+            None,
+            modalities=("texts",),
+            config=TextKFedConfig,
+            table="textkfed",
         ),
     )
 }
