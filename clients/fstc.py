@@ -407,6 +407,13 @@ class LocalUpdate:
 
 
 # ----------------------------------------------------------------------------------- Flower glue
+def local_kmeans_summary(representations: np.ndarray, k_local: int, seed: int) -> NDArrays:
+    """The private initialisation's message: k' local k-means centres (float64) and their sizes (int64)."""
+    k_local = min(k_local, representations.shape[0])
+    centres, labels = kmeans(representations, k_local, seed)
+    return [centres, np.bincount(labels, minlength=k_local).astype(np.int64)]
+
+
 STATE_MODEL, STATE_OPTIMIZER, STATE_CURSOR, STATE_RNG = (
     "fstc.model",
     "fstc.optimizer",
@@ -490,9 +497,7 @@ class FSTCClient(ClusteringClient):
         )
         if self.params.init == "representations":  # the paper's: per-sample vectors leave the client
             return [representations.astype(np.float32)]
-        k_local = min(self.params.init_local_k or 2 * self.k, self.data.n_samples)
-        centres, labels = kmeans(representations, k_local, self.seed)
-        return [centres, np.bincount(labels, minlength=k_local).astype(np.int64)]
+        return local_kmeans_summary(representations, self.params.init_local_k or 2 * self.k, self.seed)
 
     def train_round(
         self, arrays: NDArrays, config: dict[str, Scalar]

@@ -23,12 +23,7 @@ from strategies.fstc import initial_centres
 QUICK = {"fstc.local-iters": 20, "fstc.batch-size": 50, "fstc.warmup-iters": 10, "fstc.label-updates": 4}
 
 
-@pytest.fixture(autouse=True)
-def private_embedding_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One embedding cache for this module's tests, away from the user's."""
-    monkeypatch.setenv("FEDAPP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fedapp-cache"))
+pytestmark = pytest.mark.usefixtures("text_embedding_cache")
 
 
 def _run(tmp_path: Path, name: str, **overrides: Any) -> dict[str, Any]:

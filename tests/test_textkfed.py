@@ -108,11 +108,9 @@ def test_malformed_frequency_replies_are_rejected(
     assert "client bad" in caplog.text and reason in caplog.text
 
 
+@pytest.mark.usefixtures("text_embedding_cache")
 @pytest.mark.parametrize("method", ["fbow", "ftfidf", "fsbert-kfed", "fsbert"])
-def test_text_baselines_run_on_the_demo_texts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
-) -> None:
-    monkeypatch.setenv("FEDAPP_CACHE_DIR", str(tmp_path / "cache"))
+def test_text_baselines_run_on_the_demo_texts(tmp_path: Path, method: str) -> None:
     overrides = {"method": method, "dataset": "texts-demo", "num-clients": 2, "seed": 0}
     summary = execute(build_overrides(overrides, tmp_path / method), engine="inprocess", quiet=True)
     assert set(summary["metrics"]) >= {"acc", "nmi"}

@@ -17,6 +17,7 @@ from fedapp.config_keys import ConfigSection
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
+from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.methods.kfed import KFedConfig
 from fedapp.methods.textkfed import TextKFedConfig
@@ -127,6 +128,14 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("texts",),
             config=FSTCConfig,
             table="fstc",
+        ),
+        MethodSpec(
+            "fsccl",
+            "FSCCL (FSTC baseline): FedAvg over SCCL (instance-CL + DEC) on frozen sentence embeddings",
+            "strategies.fsccl:FSCCLStrategy",
+            "clients.fsccl:FSCCLClient",
+            modalities=("texts",),
+            config=FSCCLConfig,
         ),
         MethodSpec(
             "fbow",
