@@ -63,15 +63,22 @@ def label_update_steps(total_steps: int, updates: int, warmup: int) -> list[int]
 # ------------------------------------------------------------------------------------ Sinkhorn
 @dataclass(frozen=True)
 class SinkhornResult:
-    """log ξ of the transport plan (N x K), the iterations used and the largest row-marginal error."""
+    """log ξ of the transport plan (N x K), the iterations used, the largest row-marginal error, and
+    log v (K), which warm-starts the next solve (the duals move little between label updates)."""
 
     log_plan: torch.Tensor
     iterations: int
     marginal_error: float
+    log_v: torch.Tensor
 
 
 def sinkhorn_log_plan(
-    log_probs: torch.Tensor, epsilon: float, *, max_iters: int = 1000, tol: float = 1e-6
+    log_probs: torch.Tensor,
+    epsilon: float,
+    *,
+    max_iters: int = 1000,
+    tol: float = 1e-6,
+    init_log_v: torch.Tensor | None = None,
 ) -> SinkhornResult:
     """Entropic OT of Eq. 2 with cost M = -log P, a = 1_N, b = (N/K) 1_K, solved in the log domain.
 
@@ -93,6 +100,8 @@ def sinkhorn_log_plan(
     log_b = torch.full((k,), math.log(n / k), dtype=torch.float64, device=log_kernel.device)
     log_u = torch.zeros(n, dtype=torch.float64, device=log_kernel.device)
     log_v = torch.zeros(k, dtype=torch.float64, device=log_kernel.device)
+    if init_log_v is not None and init_log_v.shape == (k,) and torch.isfinite(init_log_v).all():
+        log_v = init_log_v.to(log_kernel.device, torch.float64)  # Alg. 1 line 4 allows any start
     error = math.inf
     iterations = 0
     while iterations < max_iters:
@@ -107,18 +116,23 @@ def sinkhorn_log_plan(
     else:
         row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)
         error = float(((log_u + row_terms).exp() - 1.0).abs().max())
-    return SinkhornResult(log_u[:, None] + log_kernel + log_v[None, :], iterations, error)  # Eq. 4
+    return SinkhornResult(log_u[:, None] + log_kernel + log_v[None, :], iterations, error, log_v)  # Eq. 4
 
 
 def pseudo_labels(
-    scores: torch.Tensor, epsilon: float, *, max_iters: int = 1000, tol: float = 1e-6
+    scores: torch.Tensor,
+    epsilon: float,
+    *,
+    max_iters: int = 1000,
+    tol: float = 1e-6,
+    init_log_v: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, SinkhornResult]:
     """Alg. 1: P = softmax(O), ξ from the OT of Eq. 2, then Q_ik = ξ_ik² / Σ_k' ξ_ik'² (Eq. 7).
 
     Squaring in the log domain is a row softmax of 2 log ξ, finite for any finite scores.
     """
     log_probs = torch.log_softmax(scores.double(), dim=1)
-    result = sinkhorn_log_plan(log_probs, epsilon, max_iters=max_iters, tol=tol)
+    result = sinkhorn_log_plan(log_probs, epsilon, max_iters=max_iters, tol=tol, init_log_v=init_log_v)
     return torch.softmax(2.0 * result.log_plan, dim=1).to(scores.dtype), result
 
 
@@ -291,6 +305,7 @@ class Progress:
     targets: torch.Tensor  # Q (n x K)
     memory: torch.Tensor  # the latest O (or softmax O) of every sample, for the mixture (n x K)
     gum: GaussianUniformMixture | None  # None until the first pseudo-label update (r = 1 before)
+    dual: torch.Tensor | None = None  # log v of the last Sinkhorn solve (warm start)
 
 
 @dataclass
@@ -318,8 +333,13 @@ class LocalUpdate:
         """Alg. 1 over all local samples; the mixture restarts on the new pseudo-labels."""
         _, scores = forward_all(model, inputs, self.eval_batch)
         targets, result = pseudo_labels(
-            scores, self.epsilon, max_iters=self.sinkhorn_iters, tol=self.sinkhorn_tol
+            scores,
+            self.epsilon,
+            max_iters=self.sinkhorn_iters,
+            tol=self.sinkhorn_tol,
+            init_log_v=progress.dual,
         )
+        progress.dual = result.log_v
         progress.targets = targets.float()
         progress.memory = self.output(scores).float()
         if self.robust:
@@ -584,6 +604,8 @@ class FSTCClient(ClusteringClient):
     def keep_progress(self, progress: Progress) -> None:
         arrays = {"targets": progress.targets.cpu().numpy(), "memory": progress.memory.cpu().numpy()}
         scalars: dict[str, Scalar] = {"step": progress.step, "gum": progress.gum is not None}
+        if progress.dual is not None:
+            arrays["sinkhorn-dual"] = progress.dual.cpu().numpy()
         if progress.gum is not None:
             arrays["gum-covariance"] = progress.gum.covariance_
             scalars.update({"gum-prior": progress.gum.prior_, "gum-log-gamma": progress.gum.log_gamma_})
@@ -606,7 +628,8 @@ class FSTCClient(ClusteringClient):
         targets, memory = (
             torch.as_tensor(arrays[name], device=self.device) for name in ("targets", "memory")
         )
-        return Progress(int(scalars["step"]), targets, memory, gum)
+        dual = torch.as_tensor(arrays["sinkhorn-dual"]) if "sinkhorn-dual" in arrays else None
+        return Progress(int(scalars["step"]), targets, memory, gum, dual)
 
     # ------------------------------------------------------------------------------ evaluation
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:

@@ -134,3 +134,10 @@ def test_client_keeps_alg3_state_between_rounds(tmp_path: Path) -> None:
     assert metrics["step"] == 2 * QUICK["fstc.local-iters"]
     assert len(reply) == 2 + len(state_arrays(model))
     assert np.isfinite(reply[0]).all()
+
+
+def test_the_runner_gives_fstc_its_41_rounds_unless_told(tmp_path: Path) -> None:
+    base = {"method": "fstc", "dataset": "texts-demo"}
+    assert build_overrides(base, tmp_path)["num-rounds"] == 41  # 1 initialisation + the paper's 40
+    assert build_overrides({**base, "num-rounds": 3}, tmp_path)["num-rounds"] == 3
+    assert build_overrides({"method": "kfed", "dataset": "digits"}, tmp_path).get("num-rounds") is None

@@ -180,3 +180,16 @@ def test_cluster_centres_and_alignment_skip_empty_clusters() -> None:
     assert float(loss) == pytest.approx(1.0 + 1.0)  # the empty cluster's (9, 9) does not count
     loss.backward()
     assert reps.grad is not None and torch.isfinite(reps.grad).all()
+
+
+def test_sinkhorn_warm_start_reaches_the_same_plan_in_fewer_iterations() -> None:
+    rng = np.random.default_rng(5)
+    scores = torch.tensor(rng.normal(scale=2.0, size=(400, 10)))
+    cold = sinkhorn_log_plan(torch.log_softmax(scores, 1), 0.1, tol=1e-9, max_iters=5000)
+    nudged = scores + torch.tensor(rng.normal(scale=0.05, size=(400, 10)))  # the model moved a little
+    fresh = sinkhorn_log_plan(torch.log_softmax(nudged, 1), 0.1, tol=1e-9, max_iters=5000)
+    warm = sinkhorn_log_plan(
+        torch.log_softmax(nudged, 1), 0.1, tol=1e-9, max_iters=5000, init_log_v=cold.log_v
+    )
+    assert warm.iterations < fresh.iterations
+    np.testing.assert_allclose(warm.log_plan.exp().numpy(), fresh.log_plan.exp().numpy(), atol=1e-7)

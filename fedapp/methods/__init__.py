@@ -37,6 +37,9 @@ class MethodSpec:
     modalities: tuple[str, ...] = ("vectors", "images", "multiview")
     config: type[ConfigSection] | None = None  # the method's own keys; None: it has none
     table: str = ""  # its table [tool.flwr.app.config.<table>]; "" -> the method's name
+    # rounds of a run that does not set num-rounds (`python -m simulation run` without --rounds);
+    # 0: the common default. FSTC: 1 initialisation round + the paper's 40 training rounds.
+    default_rounds: int = 0
 
     @property
     def federated(self) -> bool:
@@ -110,6 +113,7 @@ METHODS: dict[str, MethodSpec] = {
             "clients.fstc:FSTCClient",
             modalities=("texts",),
             config=FSTCConfig,
+            default_rounds=41,
         ),
         MethodSpec(
             "fstc-rstc",
@@ -119,6 +123,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("texts",),
             config=FSTCConfig,
             table="fstc",
+            default_rounds=41,
         ),
         MethodSpec(
             "fstc-stc",
@@ -128,6 +133,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("texts",),
             config=FSTCConfig,
             table="fstc",
+            default_rounds=41,
         ),
         MethodSpec(
             "fsccl",
@@ -136,6 +142,7 @@ METHODS: dict[str, MethodSpec] = {
             "clients.fsccl:FSCCLClient",
             modalities=("texts",),
             config=FSCCLConfig,
+            default_rounds=41,
         ),
         MethodSpec(
             "fbow",
