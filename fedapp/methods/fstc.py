@@ -57,6 +57,9 @@ class FSTCConfig(ConfigSection):
         384, ge=0, doc="hidden units of the residual adapter on the encoder output; 0 = no adapter"
     )
     head_hidden: int = config_key(0, ge=0, doc="hidden units of F (0: one linear layer E -> K scores)")
+    dropout: float = config_key(
+        0.0, ge=0.0, lt=1.0, doc="dropout on the adapter's input features and hidden units while training"
+    )
     label_updates: int = config_key(
         60, ge=1, doc="Sinkhorn pseudo-label updates over the whole run (quadratic schedule, dense early)"
     )

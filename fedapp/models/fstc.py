@@ -18,24 +18,30 @@ if TYPE_CHECKING:
 
 
 class ResidualAdapter(nn.Module):
-    """E = x + W2 relu(W1 x + b1) + b2 with W2 = b2 = 0 at initialisation.
+    """E = x' + W2 relu(W1 x' + b1) + b2 with W2 = b2 = 0 at initialisation; x' = dropout(x) in training.
 
     Frozen mode's trainable part of Φ: it gives the representations (and so the centres and L_A)
     gradients. Starting as the identity means the initial representations are the encoder's own
     embeddings, so every client can compute them (for the k-means initialisation) before the
-    federation's initial model arrives. `hidden = 0` is the identity with no parameters.
+    federation's initial model arrives. `hidden = 0` is the identity with no parameters. `dropout`
+    drops input features (and hidden units) while training — with a frozen encoder the only noise the
+    model sees, like the dropout inside a fine-tuned transformer (RSTC's head uses 0.5).
     """
 
-    def __init__(self, dim: int, hidden: int) -> None:
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
         super().__init__()
+        self.dropout = nn.Dropout(dropout)
         self.layers = (
-            nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim)) if hidden > 0 else None
+            nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+            if hidden > 0
+            else None
         )
         if self.layers is not None:
-            nn.init.zeros_(self.layers[2].weight)
-            nn.init.zeros_(self.layers[2].bias)
+            nn.init.zeros_(self.layers[3].weight)
+            nn.init.zeros_(self.layers[3].bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(x)
         return x if self.layers is None else x + self.layers(x)
 
 
@@ -72,11 +78,18 @@ class FSTCModel(nn.Module):
     """Φ (encoder and/or adapter) followed by F: inputs -> (E, O)."""
 
     def __init__(
-        self, dim: int, k: int, *, adapter_hidden: int, head_hidden: int, encoder: nn.Module | None = None
+        self,
+        dim: int,
+        k: int,
+        *,
+        adapter_hidden: int,
+        head_hidden: int,
+        dropout: float = 0.0,
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.encoder = encoder
-        self.adapter = ResidualAdapter(dim, adapter_hidden)
+        self.adapter = ResidualAdapter(dim, adapter_hidden, dropout)
         self.head = ClusteringNetwork(dim, k, head_hidden)
 
     def forward(self, inputs: torch.Tensor | list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,12 +106,23 @@ def fstc_model(
     if params.encoder == "frozen":
         if dim is None:
             raise ValueError("frozen mode needs the embedding dimension")
-        return FSTCModel(dim, k, adapter_hidden=params.adapter_hidden, head_hidden=params.head_hidden)
+        return FSTCModel(
+            dim,
+            k,
+            adapter_hidden=params.adapter_hidden,
+            head_hidden=params.head_hidden,
+            dropout=params.dropout,
+        )
     from fedapp.embeddings import load_sentence_model, resolve_device
 
     sentence_model = load_sentence_model(embedding_model, resolve_device(device), params.max_length)
     encoder = SentenceEncoder(sentence_model)
     dim = sentence_model.get_sentence_embedding_dimension()
     return FSTCModel(
-        dim, k, adapter_hidden=params.adapter_hidden, head_hidden=params.head_hidden, encoder=encoder
+        dim,
+        k,
+        adapter_hidden=params.adapter_hidden,
+        head_hidden=params.head_hidden,
+        dropout=params.dropout,
+        encoder=encoder,
     )
