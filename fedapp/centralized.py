@@ -19,13 +19,23 @@ KMEANS_N_INIT = 10
 
 
 def run_centralized(cfg: RunConfig) -> dict:
-    """Centralized k-means (k-means++, 10 restarts, seeded) on the dataset's vector features."""
+    """Centralized k-means (k-means++, 10 restarts, seeded) on the dataset's vector features.
+
+    Texts are clustered by their sentence embeddings (`embedding-model`; `fsbert` truncates at its
+    `max-length`), the FSTC paper's FSBERT row.
+    """
     started = time.perf_counter()
     data = load_run_dataset(cfg)
-    if data.features is None:
+    features = data.features
+    if features is None and data.texts is not None:
+        from fedapp.text_features import dataset_embeddings
+
+        max_length = getattr(cfg.method_config, "max_length", None)
+        features = dataset_embeddings(data, cfg.embedding_model, max_length, cfg.device)
+    if features is None:
         raise ValueError(f"dataset '{cfg.dataset}' has no vector features for centralized k-means")
     k = cfg.k or data.n_classes
-    _, labels = kmeans(data.features, k, cfg.seed, n_init=KMEANS_N_INIT)
+    _, labels = kmeans(features, k, cfg.seed, n_init=KMEANS_N_INIT)
     metrics = clustering_metrics(contingency_table(labels, data.y, k, data.n_classes))
     summary = {
         "method": cfg.method,

@@ -145,6 +145,8 @@ def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
             "(num-clients = 0, 'every connected SuperNode', only means something in a deployment)"
         )
     overrides["num-clients"] = int(overrides.get("num-clients") or DEFAULT_CLIENTS)  # runner: fixed size
+    if spec is not None and spec.default_rounds and "num-rounds" not in overrides:
+        overrides["num-rounds"] = spec.default_rounds  # the method's own schedule (e.g. FSTC's 1 + 40)
     overrides["out-dir"] = str(out_dir.resolve())
     data_dir = resolve_data_dir(overrides.get("data-dir") or None)
     if data_dir is not None:

@@ -19,7 +19,10 @@ from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
 from fedapp.methods.gfedntm import GFedNTMConfig
+from fedapp.methods.fsccl import FSCCLConfig
+from fedapp.methods.fstc import FSTCConfig
 from fedapp.methods.kfed import KFedConfig
+from fedapp.methods.textkfed import TextKFedConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class MethodSpec:
     # the payload audit test holds every method to this
     per_sample: str = ""
     secagg: bool = False  # its fit replies are averaged/summed, so Flower's SecAgg+ can hide them
+    # rounds of a run that does not set num-rounds (`python -m simulation run` without --rounds);
+    # 0: the common default. FSTC: 1 initialisation round + the paper's 40 training rounds.
+    default_rounds: int = 0
 
     @property
     def federated(self) -> bool:
@@ -126,6 +132,80 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.bench_echo:EchoStrategy",
             "clients.bench_echo:EchoClient",
             config=EchoConfig,
+        ),
+        MethodSpec(
+            "fstc",
+            "FSTC (Hu et al. 2023): OT pseudo-labels + robust weights; local centres up, global centres down",
+            "strategies.fstc:FSTCStrategy",
+            "clients.fstc:FSTCClient",
+            modalities=("texts",),
+            config=FSTCConfig,
+            default_rounds=41,
+        ),
+        MethodSpec(
+            "fstc-rstc",
+            "FSTC-RSTC ablation: pseudo-labels + robust weights, no centre aggregation, final averaging",
+            "strategies.fstc:FSTCRSTCStrategy",
+            "clients.fstc:FSTCRSTCClient",
+            modalities=("texts",),
+            config=FSTCConfig,
+            table="fstc",
+            default_rounds=41,
+        ),
+        MethodSpec(
+            "fstc-stc",
+            "FSTC-STC ablation: pseudo-labels only, no centre aggregation, final averaging",
+            "strategies.fstc:FSTCSTCStrategy",
+            "clients.fstc:FSTCSTCClient",
+            modalities=("texts",),
+            config=FSTCConfig,
+            table="fstc",
+            default_rounds=41,
+        ),
+        MethodSpec(
+            "fsccl",
+            "FSCCL (FSTC baseline): FedAvg over SCCL (instance-CL + DEC) on frozen sentence embeddings",
+            "strategies.fsccl:FSCCLStrategy",
+            "clients.fsccl:FSCCLClient",
+            modalities=("texts",),
+            config=FSCCLConfig,
+            default_rounds=41,
+        ),
+        MethodSpec(
+            "fbow",
+            "FBOW (FSTC baseline): k-FED on term counts over a vocabulary merged from document frequencies",
+            "strategies.textkfed:BagOfWordsKFedStrategy",
+            "clients.textkfed:BagOfWordsKFedClient",
+            modalities=("texts",),
+            config=TextKFedConfig,
+            table="textkfed",
+        ),
+        MethodSpec(
+            "ftfidf",
+            "FTF-IDF (FSTC baseline): k-FED on TF-IDF rows over a merged vocabulary and idf",
+            "strategies.textkfed:TfIdfKFedStrategy",
+            "clients.textkfed:BagOfWordsKFedClient",
+            modalities=("texts",),
+            config=TextKFedConfig,
+            table="textkfed",
+        ),
+        MethodSpec(
+            "fsbert-kfed",
+            "FSBERT, federated (FSTC baseline): k-FED on the clients' sentence embeddings",
+            "strategies.textkfed:SentenceKFedStrategy",
+            "clients.textkfed:SentenceKFedClient",
+            modalities=("texts",),
+            config=TextKFedConfig,
+            table="textkfed",
+        ),
+        MethodSpec(
+            "fsbert",
+            "FSBERT (FSTC baseline, as in the paper): centralized k-means on the pooled sentence embeddings",
+            None,
+            None,
+            modalities=("texts",),
+            config=TextKFedConfig,
+            table="textkfed",
         ),
     )
 }

@@ -1,0 +1,157 @@
+"""FSCCL client: SCCL's local training (Zhang et al., NAACL 2021) on frozen sentence embeddings, under FedAvg.
+
+Maths (plain functions): `instance_contrastive_loss` (SCCL's instance-CL, NT-Xent over the two views of
+a batch), `dec_targets` and `clustering_kl` (DEC's target distribution and KL objective). The client
+trains the global model it is sent for `local-iters` iterations and returns it; round 1 sends local
+k-means centres as FSTC's clients do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.common import Context, NDArrays, Scalar
+
+from clients.base import ClusteringClient
+from clients.fstc import local_kmeans_summary
+from fedapp.config import RunConfig
+from fedapp.methods.fsccl import FSCCLConfig
+from fedapp.methods.fstc import PHASE_INIT
+from fedapp.models.fsccl import SCCLModel
+from fedapp.text_features import local_augmented_embeddings, local_embeddings
+from fedapp.torch_glue import (
+    FINGERPRINT_KEY,
+    client_rngs,
+    load_state_arrays,
+    resolve_device,
+    restore_optimizer,
+    save_optimizer,
+    state_arrays,
+    state_schema,
+)
+from fedapp.training import BatchCursor, train_steps
+
+STATE_OPTIMIZER, STATE_CURSOR, STATE_RNG = "fsccl.optimizer", "fsccl.cursor", "fsccl.rng"
+EVAL_BATCH = 4096
+
+
+def instance_contrastive_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """NT-Xent: each of the 2B unit vectors must pick its own pair among the other 2B - 1 (SCCL Eq. 1-2)."""
+    z = torch.cat([z1, z2])
+    n = z1.shape[0]
+    similarity = z @ z.T / temperature
+    similarity.fill_diagonal_(float("-inf"))
+    positives = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
+    return torch.nn.functional.cross_entropy(similarity, positives)
+
+
+def dec_targets(q: torch.Tensor) -> torch.Tensor:
+    """DEC Eq. 3: p_ik ∝ q_ik² / Σ_i q_ik (sharpened, frequency-normalised); no gradient flows into it."""
+    weight = q.detach() ** 2 / q.detach().sum(0)
+    return weight / weight.sum(1, keepdim=True)
+
+
+def clustering_kl(q: torch.Tensor) -> torch.Tensor:
+    """DEC Eq. 2: KL(P ‖ Q), averaged over the batch."""
+    p = dec_targets(q)
+    return (p * (torch.log(p.clamp_min(1e-12)) - torch.log(q.clamp_min(1e-12)))).sum(1).mean()
+
+
+class FSCCLClient(ClusteringClient):
+    """Round 1: local k-means centres; later rounds: SCCL steps on the global model, which goes back up."""
+
+    def __init__(self, context: Context, cfg: RunConfig) -> None:
+        super().__init__(context, cfg)
+        self.params = cfg.params(FSCCLConfig)
+        self.device = resolve_device(cfg.device)
+
+    def views(self) -> list[torch.Tensor]:
+        """Original embeddings, plus the two augmented views' embeddings when SCCL's pairs are used."""
+        p, cfg = self.params, self.cfg
+        views = [local_embeddings(self.data, cfg.embedding_model, p.max_length, cfg.device)]
+        if self.augmentation() == "pairs":
+            views += local_augmented_embeddings(
+                self.data, cfg.data_dir, cfg.embedding_model, p.max_length, cfg.device
+            )
+        return [torch.as_tensor(np.asarray(v, dtype=np.float32), device=self.device) for v in views]
+
+    def augmentation(self) -> str:
+        if self.params.augment != "auto":
+            return self.params.augment
+        from fedapp.datasets.texts import AUGMENTED_FILES
+
+        return "pairs" if self.data.dataset.name in AUGMENTED_FILES else "dropout"
+
+    def build_model(self, dim: int) -> SCCLModel:
+        return SCCLModel(dim, self.k, adapter_hidden=self.params.adapter_hidden, alpha=self.params.alpha).to(
+            self.device
+        )
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        views = self.views()
+        if config.get("phase") == PHASE_INIT:  # the adapter starts as the identity: E = the embeddings
+            summary = local_kmeans_summary(
+                views[0].cpu().numpy(), self.params.init_local_k or 2 * self.k, self.seed
+            )
+            return summary, self.data.n_samples, self.identity_metrics()
+        state = self.context.state
+        model = self.build_model(views[0].shape[1])
+        load_state_arrays(model, list(parameters), sender="server")
+        optimizer = torch.optim.Adam(model.parameters(), lr=self.params.lr)
+        restore_optimizer(state, STATE_OPTIMIZER, optimizer)
+        n = views[0].shape[0]
+        cursor = BatchCursor.resume(
+            state, STATE_CURSOR, n_samples=n, batch_size=min(self.params.batch_size, n), seed=self.seed
+        )
+        pairs = len(views) == 3
+
+        def loss_fn(indices: np.ndarray) -> dict[str, Any]:
+            index = torch.as_tensor(indices, device=self.device)
+            originals = views[0][index]
+            if pairs:
+                first, second = views[1][index], views[2][index]
+            else:
+                drop = torch.nn.functional.dropout
+                first, second = drop(originals, self.params.dropout), drop(originals, self.params.dropout)
+            contrastive = instance_contrastive_loss(
+                model.contrast(model(first)), model.contrast(model(second)), self.params.temperature
+            )
+            clustering = clustering_kl(model.soft_assign(model(originals)))
+            return {
+                "loss": contrastive + self.params.eta * clustering,
+                "contrastive": contrastive.detach(),
+                "clustering": clustering.detach(),
+            }
+
+        with client_rngs(state, STATE_RNG, self.seed):
+            stats = train_steps(
+                model,
+                optimizer,
+                loss_fn,
+                cursor.take(self.params.local_iters),
+                steps=self.params.local_iters,
+                desc=f"client {self.partition_id}",
+                log_every=max(self.params.local_iters // 4, 1),
+            )
+        save_optimizer(state, STATE_OPTIMIZER, optimizer)
+        cursor.save(state, STATE_CURSOR)
+        metrics = {
+            **self.identity_metrics(),
+            **stats.metrics(),
+            FINGERPRINT_KEY: state_schema(model).fingerprint,
+        }
+        return state_arrays(model), self.data.n_samples, metrics
+
+    @torch.no_grad()
+    def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
+        embeddings = self.views()[0]
+        model = self.build_model(embeddings.shape[1])
+        load_state_arrays(model, list(parameters), sender="server")
+        model.eval()
+        labels = [
+            model.soft_assign(model(embeddings[start : start + EVAL_BATCH])).argmax(1)
+            for start in range(0, embeddings.shape[0], EVAL_BATCH)
+        ]
+        return torch.cat(labels).cpu().numpy()

@@ -1,0 +1,60 @@
+"""k-FED clients on text features: bag of words / TF-IDF over a federated vocabulary, or sentence embeddings.
+
+The FSTC paper's FBOW, FTF-IDF and FSBERT baselines. The k-FED maths is k-FED's (`clients.kfed`); what
+is new here is only how a client turns its texts into vectors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import NDArrays, Scalar
+
+from clients.base import ClusteringClient
+from clients.kfed import local_centres
+from fedapp.bow import count_matrix, document_frequencies, tfidf_matrix
+from fedapp.clustering import nearest_centre
+from fedapp.methods.textkfed import DOCUMENTS_KEY, PHASE_VOCABULARY, TextKFedConfig
+from fedapp.text_features import local_embeddings
+
+
+class BagOfWordsKFedClient(ClusteringClient):
+    """Round 1: term document frequencies; round 2: local centres of count (or TF-IDF) rows."""
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        if config.get("phase") == PHASE_VOCABULARY:
+            terms, counts = document_frequencies(self.data.texts).to_arrays()
+            return (
+                [terms, counts],
+                self.data.n_samples,
+                {**self.identity_metrics(), DOCUMENTS_KEY: self.data.n_samples},
+            )
+        vocabulary, idf = parameters
+        k_local = self.cfg.params(TextKFedConfig).local_k or self.k
+        centres, sizes = local_centres(self.features(vocabulary, idf), k_local, self.seed)
+        return [centres, sizes], self.data.n_samples, self.identity_metrics()
+
+    def features(self, vocabulary: np.ndarray, idf: np.ndarray) -> np.ndarray:
+        """Dense rows over the shared vocabulary: counts, or TF-IDF when the server sent idf weights."""
+        counts = count_matrix(self.data.texts, [str(term) for term in vocabulary])
+        rows = tfidf_matrix(counts, idf) if idf.size else counts.astype(np.float64)
+        return np.asarray(rows.todense())
+
+    def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
+        centres, vocabulary, idf = parameters
+        return nearest_centre(self.features(vocabulary, idf), centres)
+
+
+class SentenceKFedClient(ClusteringClient):
+    """k-FED's local step on the client's sentence embeddings (the encoder FSTC uses)."""
+
+    def embeddings(self) -> np.ndarray:
+        params = self.cfg.params(TextKFedConfig)
+        return local_embeddings(self.data, self.cfg.embedding_model, params.max_length, self.cfg.device)
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        k_local = int(config.get("local-k", 0)) or self.k
+        centres, sizes = local_centres(self.embeddings(), k_local, self.seed)
+        return [centres, sizes], self.data.n_samples, self.identity_metrics()
+
+    def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
+        return nearest_centre(self.embeddings(), parameters[0])

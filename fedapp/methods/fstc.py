@@ -1,0 +1,88 @@
+"""FSTC (Hu et al., IJCAI 2023): the keys of `[tool.flwr.app.config.fstc]` and what client and strategy share.
+
+Shared by the FSTC-STC / FSTC-RSTC ablations (they run with FSTC's own keys). The protocol:
+
+- round 1, phase `init`: every client sends local k-means centres + their sizes of its initial
+  representations (`init = "centres"`, the default), or the representations themselves
+  (`init = "representations"`, the paper's Alg. 2 line 2: per-sample vectors leave the client); the
+  server clusters them into K initial global centres C̃.
+- rounds 2 .. num-rounds, phase `train`: the server sends C̃ (K x D) — in round 2 together with the
+  initial clustering model, which every client starts from (Alg. 2 line 1); each client runs
+  `local-iters` iterations of Alg. 3 and returns its local centres C^(μ) (K x D, Eq. 15) and their
+  sizes n^(μ) (K); the server applies Eq. 16.
+- the last round's reply also carries the client's model; the server averages them weighted by
+  sample count (Alg. 2 line 12) and the clients are evaluated with that global model (argmax O).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedapp.config_keys import ConfigSection, config_key
+
+ENCODER_MODES = ("frozen", "fine-tune")
+INIT_MODES = ("centres", "representations")
+LOSS_TARGETS = ("scores", "softmax")
+AUGMENTATIONS = ("none", "pairs")
+
+PHASE_INIT = "init"
+PHASE_TRAIN = "train"
+FINAL_KEY = "final"  # fit config: True in the last round, where clients also send their model
+CENTRES_KEY = "with-centres"  # fit config: the parameters start with the global centres C̃ (K x D)
+MODEL_KEY = "with-model"  # fit config: the initial model follows in the parameters (first round of a client)
+
+
+@dataclass(frozen=True)
+class FSTCConfig(ConfigSection):
+    encoder: str = config_key(
+        "frozen",
+        choices=ENCODER_MODES,
+        doc="frozen: cached embeddings + trainable adapter (CPU); fine-tune: train the encoder (GPU)",
+    )
+    max_length: int = config_key(32, ge=1, doc="encoder input length in tokens (the paper's 32)")
+    lam: float = config_key(
+        0.01,
+        name="lambda",
+        ge=0.0,
+        doc="weight of the alignment loss L_A in Eq. 18 (paper: 0.01 SO, 1 others)",
+    )
+    epsilon: float = config_key(0.1, gt=0.0, doc="entropic regularisation of the Sinkhorn OT (Eq. 2)")
+    local_iters: int = config_key(100, ge=1, doc="local iterations per round (Alg. 3)")
+    batch_size: int = config_key(200, ge=1, doc="local mini-batch size N (the paper's 200)")
+    lr_encoder: float = config_key(5e-6, gt=0.0, doc="Adam learning rate of the encoder Phi (fine-tune mode)")
+    lr_head: float = config_key(
+        5e-4, gt=0.0, doc="Adam learning rate of the clustering network F and adapter"
+    )
+    adapter_hidden: int = config_key(
+        384, ge=0, doc="hidden units of the residual adapter on the encoder output; 0 = no adapter"
+    )
+    head_hidden: int = config_key(0, ge=0, doc="hidden units of F (0: one linear layer E -> K scores)")
+    dropout: float = config_key(
+        0.0, ge=0.0, lt=1.0, doc="dropout on the adapter's input features and hidden units while training"
+    )
+    label_updates: int = config_key(
+        60, ge=1, doc="Sinkhorn pseudo-label updates over the whole run (quadratic schedule, dense early)"
+    )
+    warmup_iters: int = config_key(
+        100, ge=0, doc="local iterations trained on the initial k-means labels before the first update"
+    )
+    sinkhorn_iters: int = config_key(1000, ge=1, doc="at most this many Sinkhorn iterations per update")
+    sinkhorn_tol: float = config_key(1e-6, gt=0.0, doc="stop Sinkhorn when row marginals are met to this")
+    gum_steps: int = config_key(1, ge=1, doc="EM steps of the Gaussian-uniform mixture per local iteration")
+    gum_threshold: float = config_key(
+        0.5, ge=0.0, le=1.0, doc="Eq. 13: samples with r_i below this get weight 0"
+    )
+    loss_on: str = config_key(
+        "scores", choices=LOSS_TARGETS, doc="what Q is compared with in Eq. 14 and Eq. 8: O or softmax(O)"
+    )
+    augment: str = config_key(
+        "none",
+        choices=AUGMENTATIONS,
+        doc="pairs: L_C on SCCL's two augmented views (needs sccl-augmented/ files)",
+    )
+    init: str = config_key(
+        "centres",
+        choices=INIT_MODES,
+        doc="centres: local k-means centres + counts (private); representations: the paper's, per-sample",
+    )
+    init_local_k: int = config_key(0, ge=0, doc="local k-means centres per client in init=centres; 0 = 2K")

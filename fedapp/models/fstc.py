@@ -1,0 +1,128 @@
+"""FSTC's networks: the clustering network F, the residual adapter of frozen mode, and the encoder Φ.
+
+`FSTCModel` maps inputs to (representations E, scores O). Its input is either a batch of cached
+sentence embeddings (frozen mode: no encoder) or a list of texts that the wrapped sentence-transformers
+encoder tokenizes and embeds with gradients (fine-tune mode). Only the adapter, F and — when present —
+the encoder are exchanged; a server and its clients build the same class to agree on the state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from fedapp.methods.fstc import FSTCConfig
+
+
+class ResidualAdapter(nn.Module):
+    """E = x' + W2 relu(W1 x' + b1) + b2 with W2 = b2 = 0 at initialisation; x' = dropout(x) in training.
+
+    Frozen mode's trainable part of Φ: it gives the representations (and so the centres and L_A)
+    gradients. Starting as the identity means the initial representations are the encoder's own
+    embeddings, so every client can compute them (for the k-means initialisation) before the
+    federation's initial model arrives. `hidden = 0` is the identity with no parameters. `dropout`
+    drops input features (and hidden units) while training — with a frozen encoder the only noise the
+    model sees, like the dropout inside a fine-tuned transformer (RSTC's head uses 0.5).
+    """
+
+    def __init__(self, dim: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.layers = (
+            nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, dim))
+            if hidden > 0
+            else None
+        )
+        if self.layers is not None:
+            nn.init.zeros_(self.layers[3].weight)
+            nn.init.zeros_(self.layers[3].bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(x)
+        return x if self.layers is None else x + self.layers(x)
+
+
+class ClusteringNetwork(nn.Module):
+    """F: fully connected layers from representations to K cluster assignment scores O."""
+
+    def __init__(self, dim: int, k: int, hidden: int = 0) -> None:
+        super().__init__()
+        self.layers = (
+            nn.Linear(dim, k)
+            if hidden == 0
+            else nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, k))
+        )
+
+    def forward(self, representations: torch.Tensor) -> torch.Tensor:
+        return self.layers(representations)
+
+
+class SentenceEncoder(nn.Module):
+    """Φ for fine-tune mode: a sentence-transformers model, texts in, (pooled) embeddings out."""
+
+    def __init__(self, sentence_model: Any) -> None:
+        super().__init__()
+        self.model = sentence_model  # a SentenceTransformer (an nn.Sequential of its modules)
+
+    def forward(self, texts: list[str]) -> torch.Tensor:
+        features = self.model.tokenize(texts)
+        device = next(self.model.parameters()).device
+        features = {name: v.to(device) if torch.is_tensor(v) else v for name, v in features.items()}
+        return self.model(features)["sentence_embedding"]
+
+
+class FSTCModel(nn.Module):
+    """Φ (encoder and/or adapter) followed by F: inputs -> (E, O)."""
+
+    def __init__(
+        self,
+        dim: int,
+        k: int,
+        *,
+        adapter_hidden: int,
+        head_hidden: int,
+        dropout: float = 0.0,
+        encoder: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.adapter = ResidualAdapter(dim, adapter_hidden, dropout)
+        self.head = ClusteringNetwork(dim, k, head_hidden)
+
+    def forward(self, inputs: torch.Tensor | list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        embeddings = inputs if self.encoder is None else self.encoder(inputs)
+        representations = self.adapter(embeddings)
+        return representations, self.head(representations)
+
+
+def fstc_model(
+    params: FSTCConfig, k: int, dim: int | None, embedding_model: str, device: str = "cpu"
+) -> FSTCModel:
+    """The model client and server agree on: frozen mode needs the embedding `dim`; fine-tune mode loads
+    the sentence encoder (`embedding_model`, truncating at `params.max_length` tokens) and takes its dim."""
+    if params.encoder == "frozen":
+        if dim is None:
+            raise ValueError("frozen mode needs the embedding dimension")
+        return FSTCModel(
+            dim,
+            k,
+            adapter_hidden=params.adapter_hidden,
+            head_hidden=params.head_hidden,
+            dropout=params.dropout,
+        )
+    from fedapp.embeddings import load_sentence_model, resolve_device
+
+    sentence_model = load_sentence_model(embedding_model, resolve_device(device), params.max_length)
+    encoder = SentenceEncoder(sentence_model)
+    dim = sentence_model.get_sentence_embedding_dimension()
+    return FSTCModel(
+        dim,
+        k,
+        adapter_hidden=params.adapter_hidden,
+        head_hidden=params.head_hidden,
+        dropout=params.dropout,
+        encoder=encoder,
+    )

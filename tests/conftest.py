@@ -1,0 +1,23 @@
+"""Fixtures shared by several test files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from fedapp.embeddings import CACHE_DIR_ENV
+
+
+@pytest.fixture(scope="session")
+def text_embedding_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One embedding cache for every text test of the session (texts-demo is embedded once), away from
+    the user's cache."""
+    saved = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = str(tmp_path_factory.mktemp("fedapp-cache"))
+    yield
+    if saved is None:
+        os.environ.pop(CACHE_DIR_ENV, None)
+    else:
+        os.environ[CACHE_DIR_ENV] = saved

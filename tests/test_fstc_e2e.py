@@ -1,0 +1,143 @@
+"""FSTC end to end on the embedded `texts-demo` set (no ../shared/data): in-process federations with the
+bundled all-MiniLM-L6-v2 (embeddings cached in a temporary folder), both encoder modes, dropout, and the
+client's state across rounds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.common import Context, RecordDict
+
+from clients.fstc import FSTCClient
+from fedapp.config import parse_run_config
+from fedapp.methods.fstc import FSTCConfig
+from fedapp.models.fstc import fstc_model
+from fedapp.torch_glue import state_arrays, state_schema
+from simulation.runner import build_overrides, execute
+from strategies.fstc import initial_centres
+
+QUICK = {"fstc.local-iters": 20, "fstc.batch-size": 50, "fstc.warmup-iters": 10, "fstc.label-updates": 4}
+
+
+pytestmark = pytest.mark.usefixtures("text_embedding_cache")
+
+
+def _run(tmp_path: Path, name: str, **overrides: Any) -> dict[str, Any]:
+    base = {"method": "fstc", "dataset": "texts-demo", "num-clients": 2, "num-rounds": 3, "seed": 0, **QUICK}
+    base.update(overrides)
+    return execute(build_overrides(base, tmp_path / name), engine="inprocess", quiet=True)
+
+
+def test_fstc_runs_end_to_end_and_clusters_the_demo_topics(tmp_path: Path) -> None:
+    summary = _run(tmp_path, "fstc", **{"num-rounds": 4})
+    assert summary["stop_reason"] == "final model averaged"
+    assert summary["rounds"] == 4 and summary["k"] == 4
+    assert summary["metrics"]["acc"] >= 0.9 and summary["metrics"]["nmi"] >= 0.8
+    per_round = summary["fstc"]["train_per_round"]
+    assert [row["round"] for row in per_round] == [2, 3, 4]
+    assert all(row["train-steps"] == QUICK["fstc.local-iters"] for row in per_round)
+    rounds = json.loads((tmp_path / "fstc" / "rounds.json").read_text())
+    assert [row["round"] for row in rounds] == [4]  # only the averaged global model is evaluated
+    # what crossed the wire: round 2 down = C̃ + initial model, later rounds C̃ only (K x D float64)
+    per_round_bytes = summary["comm_bytes"]["per_round"]
+    assert per_round_bytes["2"]["down"] > 10 * per_round_bytes["3"]["down"]
+
+
+def test_same_seed_same_result(tmp_path: Path) -> None:
+    first, again = _run(tmp_path, "a", **{"num-rounds": 2}), _run(tmp_path, "b", **{"num-rounds": 2})
+    assert first["metrics"] == again["metrics"]
+    untimed = [
+        [
+            {key: value for key, value in row.items() if key != "train-seconds"}
+            for row in run["fstc"]["train_per_round"]
+        ]
+        for run in (first, again)
+    ]
+    assert untimed[0] == untimed[1]
+
+
+@pytest.mark.parametrize("method", ["fstc-stc", "fstc-rstc"])
+def test_ablations_run_and_send_no_centres_while_training(tmp_path: Path, method: str) -> None:
+    summary = _run(tmp_path, method, method=method, **{"num-rounds": 4})
+    assert summary["metrics"]["acc"] >= 0.8
+    per_round_bytes = summary["comm_bytes"]["per_round"]
+    assert per_round_bytes["3"]["down"] < 1000  # configs only: no C̃ after the first training round
+
+
+def test_dropout_half_the_clients_still_completes(tmp_path: Path) -> None:
+    summary = _run(tmp_path, "dropout", **{"num-clients": 4, "num-rounds": 4, "dropout-rate": 0.5})
+    assert summary["stop_reason"] == "final model averaged" and summary["metrics"]["acc"] > 0.5
+    sat_out = [record["dropped"] for record in summary["participation"].values()]
+    assert all(len(dropped) == 2 for dropped in sat_out)
+
+
+def test_init_with_representations_is_an_option(tmp_path: Path) -> None:
+    summary = _run(tmp_path, "reps", **{"fstc.init": "representations", "num-rounds": 2})
+    assert summary["fstc"]["init"] == "representations"
+    # 2 clients x 200 texts x 384 float32 went up in round 1
+    assert summary["comm_bytes"]["per_round"]["1"]["up"] >= 400 * 384 * 4
+
+
+def test_fine_tune_mode_trains_the_encoder_on_tiny_inputs() -> None:
+    """One client, fine-tune mode: Φ's weights move (Adam 5e-6) and travel in the final reply."""
+    cfg = parse_run_config(
+        {
+            "method": "fstc",
+            "dataset": "texts-demo",
+            "num-clients": 10,
+            "num-rounds": 2,
+            "fstc.encoder": "fine-tune",
+            "fstc.adapter-hidden": 0,
+            "fstc.local-iters": 3,
+            "fstc.batch-size": 8,
+            "fstc.warmup-iters": 1,
+            "fstc.lr-encoder": 1e-3,  # large enough to see a change after 3 steps
+        }
+    )
+    context = Context(0, 1, {"partition-id": 0, "num-partitions": 10}, RecordDict(), dict(cfg.to_dict()))
+    centres, counts = FSTCClient(context, cfg).fit([], {"phase": "init"})[0]
+    model = fstc_model(cfg.params(FSTCConfig), 4, None, cfg.embedding_model)
+    initial = state_arrays(model)
+    global_centres = initial_centres([centres], [counts], 4, seed=0)
+    config = {"phase": "train", "with-centres": True, "with-model": True, "final": True}
+    reply, n, metrics = FSTCClient(context, cfg).fit([global_centres, *initial], config)
+    assert n == 40 and metrics["train-steps"] == 3 and np.isfinite(metrics["train-loss"])
+    trained = reply[2:]
+    assert len(trained) == len(initial)
+    names = state_schema(model).names
+    moved = {name for name, a, b in zip(names, initial, trained, strict=True) if not np.array_equal(a, b)}
+    assert any(name.startswith("encoder.") for name in moved) and any(
+        name.startswith("head.") for name in moved
+    )
+
+
+def test_client_keeps_alg3_state_between_rounds(tmp_path: Path) -> None:
+    """Two training rounds through a rebuilt client: the iteration count and Q survive in context.state."""
+    cfg = parse_run_config(
+        {"method": "fstc", "dataset": "texts-demo", "num-clients": 2, "num-rounds": 3, **QUICK}
+    )
+    context = Context(0, 1, {"partition-id": 0, "num-partitions": 2}, RecordDict(), dict(cfg.to_dict()))
+    client = FSTCClient(context, cfg)
+    centres, counts = client.fit([], {"phase": "init"})[0]
+    assert counts.sum() == client.data.n_samples and centres.shape[0] == counts.shape[0]
+    global_centres = initial_centres([centres], [counts], 4, seed=0)  # the server's part
+    model = fstc_model(cfg.params(FSTCConfig), 4, centres.shape[1], cfg.embedding_model)
+    first = {"phase": "train", "with-centres": True, "with-model": True, "final": False}
+    reply, n, metrics = FSTCClient(context, cfg).fit([global_centres, *state_arrays(model)], first)
+    assert metrics["step"] == QUICK["fstc.local-iters"] and reply[1].sum() == n
+    later = {"phase": "train", "with-centres": True, "with-model": False, "final": True}
+    reply, n, metrics = FSTCClient(context, cfg).fit([reply[0]], later)
+    assert metrics["step"] == 2 * QUICK["fstc.local-iters"]
+    assert len(reply) == 2 + len(state_arrays(model))
+    assert np.isfinite(reply[0]).all()
+
+
+def test_the_runner_gives_fstc_its_41_rounds_unless_told(tmp_path: Path) -> None:
+    base = {"method": "fstc", "dataset": "texts-demo"}
+    assert build_overrides(base, tmp_path)["num-rounds"] == 41  # 1 initialisation + the paper's 40
+    assert build_overrides({**base, "num-rounds": 3}, tmp_path)["num-rounds"] == 3
+    assert build_overrides({"method": "kfed", "dataset": "digits"}, tmp_path).get("num-rounds") is None

@@ -1,0 +1,274 @@
+"""FSTC strategy driven with hand-built client replies (no Ray, no data, no encoder)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+from unittest.mock import MagicMock
+
+import numpy as np
+import pytest
+from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from fedapp.config import parse_run_config
+from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY
+from fedapp.metrics import encode_table
+from fedapp.torch_glue import FINGERPRINT_KEY
+from strategies.fstc import FSTCRSTCStrategy, FSTCStrategy, aggregate_centres, initial_centres
+
+K, DIM = 3, 2
+FitResult = tuple[ClientProxy, FitRes]
+
+
+def _cfg(tmp_path: Path, **overrides: Any):
+    run_config = {
+        "method": "fstc",
+        "dataset": "texts-demo",
+        "out-dir": str(tmp_path),
+        "num-clients": 3,
+        "num-rounds": 3,
+        "k": K,
+        "fstc.adapter-hidden": 4,
+    }
+    run_config.update(overrides)
+    return parse_run_config(run_config)
+
+
+def _proxy(cid: str) -> ClientProxy:
+    proxy = MagicMock(spec=ClientProxy)
+    proxy.cid = cid
+    return proxy
+
+
+def _manager(cids: list[str]) -> SimpleClientManager:
+    manager = SimpleClientManager()
+    for cid in cids:
+        manager.register(_proxy(cid))
+    return manager
+
+
+def _reply(cid: str, pid: int, arrays: list[np.ndarray], n: int, **metrics: Any) -> FitResult:
+    res = FitRes(
+        Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, {"partition-id": pid, "k": K, **metrics}
+    )
+    return _proxy(cid), res
+
+
+# Round 1: local k-means centres near three groups at (0, 0), (10, 0), (0, 10).
+INIT_REPLIES = [
+    ("a", 0, [np.array([[0.0, 0.0], [10.0, 0.0]]), np.array([4, 6])], 10),
+    ("b", 1, [np.array([[0.0, 10.0], [0.0, 2.0]]), np.array([5, 1])], 6),
+    ("c", 2, [np.array([[10.0, 2.0], [0.0, 12.0]]), np.array([2, 5])], 7),
+]
+
+
+def _initialised(
+    tmp_path: Path, strategy_class: type[FSTCStrategy] = FSTCStrategy, **overrides: Any
+) -> FSTCStrategy:
+    strategy = strategy_class(_cfg(tmp_path, **overrides))
+    parameters, stats = strategy.aggregate_fit(1, [_reply(*r) for r in INIT_REPLIES], [])
+    assert stats["accepted"] == 3 and parameters is not None
+    return strategy
+
+
+def _sorted_rows(array: np.ndarray) -> np.ndarray:
+    return array[np.lexsort(array.T[::-1])]
+
+
+# ------------------------------------------------------------------------------------------- maths
+def test_eq16_weights_by_counts_and_keeps_a_cluster_nobody_holds() -> None:
+    previous = np.array([[9.0, 9.0], [8.0, 8.0], [7.0, 7.0]])
+    centres = [np.array([[0.0, 0.0], [1.0, 1.0], [5.0, 5.0]]), np.array([[4.0, 0.0], [3.0, 3.0], [6.0, 6.0]])]
+    counts = [np.array([3, 1, 0]), np.array([1, 0, 0])]  # cluster 2 empty on both clients, 1 on one
+    result = aggregate_centres(centres, counts, previous)
+    np.testing.assert_allclose(result[0], [(3 * 0 + 1 * 4) / 4, 0.0])
+    np.testing.assert_allclose(result[1], [1.0, 1.0])  # only the client that holds it counts
+    np.testing.assert_allclose(result[2], [7.0, 7.0])  # nobody holds it: the previous centre stays
+
+
+def test_initial_centres_weight_local_centres_by_their_sizes() -> None:
+    points = [np.array([[0.0, 0.0], [10.0, 10.0]]), np.array([[2.0, 2.0], [12.0, 12.0]])]
+    centres = initial_centres(points, [np.array([3, 1]), np.array([1, 3])], 2, seed=0)
+    np.testing.assert_allclose(_sorted_rows(centres), [[0.5, 0.5], [11.5, 11.5]])
+    with pytest.raises(ValueError, match="only 4 points"):
+        initial_centres(points, None, 5, seed=0)
+
+
+# ---------------------------------------------------------------------------------------- protocol
+def test_round_one_asks_for_local_centres_and_builds_centres_and_model(tmp_path: Path) -> None:
+    strategy = FSTCStrategy(_cfg(tmp_path))
+    manager = _manager(["c", "a", "b"])
+    instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
+    assert [ins.config["phase"] for _, ins in instructions] == ["init"] * 3
+    strategy = _initialised(tmp_path)
+    assert strategy.centres is not None
+    expected = [[0.0, 2.0 / 5], [0.0, 11.0], [10.0, 0.5]]
+    np.testing.assert_allclose(_sorted_rows(strategy.centres), _sorted_rows(np.array(expected)), atol=1e-12)
+    assert strategy.initial_model is not None and strategy.schema is not None
+    assert not strategy.should_evaluate(1)
+
+
+def test_training_rounds_send_the_initial_model_once_per_client(tmp_path: Path) -> None:
+    strategy = _initialised(tmp_path)
+    manager = _manager(["a", "b", "c"])
+    assert strategy.initial_model is not None
+    n_model = len(strategy.initial_model)
+    instructions = strategy.configure_fit(2, ndarrays_to_parameters([]), manager)
+    for _, ins in instructions:
+        arrays = parameters_to_ndarrays(ins.parameters)
+        assert ins.config[MODEL_KEY] and ins.config[CENTRES_KEY] and not ins.config[FINAL_KEY]
+        assert len(arrays) == 1 + n_model
+        np.testing.assert_array_equal(arrays[0], strategy.centres)
+    replies = [_train_reply("a", 0, 10), _train_reply("b", 1, 6)]  # c sat this round out
+    strategy.aggregate_fit(2, replies, [])
+    instructions = {
+        proxy.cid: ins for proxy, ins in strategy.configure_fit(3, ndarrays_to_parameters([]), manager)
+    }
+    assert (
+        not instructions["a"].config[MODEL_KEY]
+        and len(parameters_to_ndarrays(instructions["a"].parameters)) == 1
+    )
+    assert instructions["c"].config[MODEL_KEY]  # it never got the initial model
+    assert all(ins.config[FINAL_KEY] for ins in instructions.values())
+
+
+def _train_reply(
+    cid: str,
+    pid: int,
+    n: int,
+    centres: np.ndarray | None = None,
+    counts: np.ndarray | None = None,
+    model: list[np.ndarray] | None = None,
+    **metrics: Any,
+) -> FitResult:
+    centres = np.full((K, DIM), float(pid)) if centres is None else centres
+    counts = np.array([n - 2, 1, 1]) if counts is None else counts
+    return _reply(cid, pid, [centres, counts, *(model or [])], n, **metrics)
+
+
+def test_training_round_applies_eq16_with_unequal_counts_and_an_empty_cluster(tmp_path: Path) -> None:
+    strategy = _initialised(tmp_path)
+    before = strategy.centres.copy()
+    replies = [
+        _train_reply("a", 0, 10, np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]), np.array([7, 3, 0])),
+        _train_reply("b", 1, 6, np.array([[5.0, 5.0], [6.0, 6.0], [0.0, 0.0]]), np.array([1, 5, 0])),
+    ]
+    parameters, stats = strategy.aggregate_fit(2, replies, [])
+    assert stats["accepted"] == 2
+    (centres,) = parameters_to_ndarrays(parameters)
+    np.testing.assert_allclose(centres[0], [(7 * 1 + 1 * 5) / 8] * 2)
+    np.testing.assert_allclose(centres[1], [(3 * 2 + 5 * 6) / 8] * 2)
+    np.testing.assert_allclose(centres[2], before[2])  # empty everywhere: unchanged
+    assert strategy.train_metrics[-1]["round"] == 2
+
+
+def test_final_round_averages_models_by_sample_count_and_evaluates_once(tmp_path: Path) -> None:
+    strategy = _initialised(tmp_path)
+    strategy.aggregate_fit(
+        2, [_train_reply("a", 0, 10), _train_reply("b", 1, 6), _train_reply("c", 2, 7)], []
+    )
+    assert strategy.initial_model is not None and strategy.schema is not None
+    models = [[np.full_like(a, value) for a in strategy.initial_model] for value in (1.0, 3.0)]
+    fingerprint = {FINGERPRINT_KEY: strategy.schema.fingerprint}
+    replies = [
+        _train_reply("a", 0, 10, model=models[0], **fingerprint),
+        _train_reply("b", 1, 30, counts=np.array([28, 1, 1]), model=models[1], **fingerprint),
+    ]
+    parameters, stats = strategy.aggregate_fit(3, replies, [])
+    assert stats["accepted"] == 2 and strategy.finished
+    for array in parameters_to_ndarrays(parameters):
+        np.testing.assert_allclose(array, (10 * 1.0 + 30 * 3.0) / 40)  # Alg. 2 line 12, renormalised
+    manager = _manager(["a", "b", "c"])
+    assert strategy.configure_fit(4, parameters, manager) == []
+    assert len(strategy.configure_evaluate(3, parameters, manager)) == 3
+    table = encode_table(np.array([[5, 0, 0], [0, 5, 0], [0, 0, 5]]))
+    strategy.aggregate_evaluate(
+        3, [(_proxy("a"), EvaluateRes(Status(Code.OK, ""), 0.0, 15, {"table": table}))], []
+    )
+    assert strategy.final_metrics is not None and strategy.final_metrics["acc"] == 1.0
+    assert strategy.configure_evaluate(4, parameters, manager) == []
+
+
+def _bad_train_replies(strategy: FSTCStrategy) -> dict[str, tuple[FitResult, str]]:
+    assert strategy.initial_model is not None and strategy.schema is not None
+    good_model = [a.copy() for a in strategy.initial_model]
+    nan_model = [a.copy() for a in strategy.initial_model]
+    nan_model[0].flat[0] = np.nan
+    fingerprint = {FINGERPRINT_KEY: strategy.schema.fingerprint}
+    return {
+        "nan-centres": (
+            _train_reply("x", 5, 10, np.full((K, DIM), np.nan), model=good_model, **fingerprint),
+            "NaN",
+        ),
+        "wrong-k": (
+            _train_reply("x", 5, 10, np.zeros((K + 1, DIM)), model=good_model, **fingerprint),
+            "shape",
+        ),
+        "counts-sum": (
+            _train_reply("x", 5, 10, counts=np.array([1, 1, 1]), model=good_model, **fingerprint),
+            "sum to 3",
+        ),
+        "nan-model": (_train_reply("x", 5, 10, model=nan_model, **fingerprint), "NaN"),
+        "no-model": (_train_reply("x", 5, 10, **fingerprint), "expected"),
+        "no-fingerprint": (_train_reply("x", 5, 10, model=good_model), "state-fingerprint"),
+        "other-fingerprint": (
+            _train_reply("x", 5, 10, model=good_model, **{FINGERPRINT_KEY: "0" * 16}),
+            "fingerprint",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["nan-centres", "wrong-k", "counts-sum", "nan-model", "no-model", "no-fingerprint", "other-fingerprint"],
+)
+def test_malformed_final_replies_are_rejected_and_the_others_averaged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    strategy = _initialised(tmp_path, **{"num-rounds": 2})
+    bad, reason = _bad_train_replies(strategy)[case]
+    assert strategy.initial_model is not None and strategy.schema is not None
+    good = _train_reply(
+        "a",
+        0,
+        10,
+        model=[np.full_like(a, 2.0) for a in strategy.initial_model],
+        **{FINGERPRINT_KEY: strategy.schema.fingerprint},
+    )
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        parameters, stats = strategy.aggregate_fit(2, [good, bad], [])
+    assert stats["accepted"] == 1 and stats["rejected"] == 1
+    assert "client x" in caplog.text and reason in caplog.text
+    for array in parameters_to_ndarrays(parameters):
+        np.testing.assert_allclose(array, 2.0)
+
+
+def test_init_with_representations_runs_plain_kmeans(tmp_path: Path) -> None:
+    strategy = FSTCStrategy(_cfg(tmp_path, **{"fstc.init": "representations"}))
+    reps = np.array([[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 10.0], [1.0, 10.0]])
+    replies = [_reply("a", 0, [reps[:3]], 3), _reply("b", 1, [reps[3:]], 3)]
+    strategy.aggregate_fit(1, replies, [])
+    expected = [[0.0, 0.5], [0.5, 10.0], [10.0, 0.5]]
+    np.testing.assert_allclose(_sorted_rows(strategy.centres), expected, atol=1e-12)
+
+
+def test_ablation_sends_no_centres_to_clients_that_have_the_model(tmp_path: Path) -> None:
+    strategy = _initialised(tmp_path, FSTCRSTCStrategy, method="fstc-rstc")
+    manager = _manager(["a", "b", "c"])
+    first = strategy.configure_fit(2, ndarrays_to_parameters([]), manager)
+    assert all(ins.config[CENTRES_KEY] and ins.config[MODEL_KEY] for _, ins in first)  # Q starts from C̃
+    counts_only = [
+        _reply(cid, pid, [np.array([n - 2, 1, 1])], n)
+        for cid, pid, n in (("a", 0, 10), ("b", 1, 6), ("c", 2, 7))
+    ]
+    before = strategy.centres.copy()
+    parameters, stats = strategy.aggregate_fit(2, counts_only, [])
+    assert stats["accepted"] == 3
+    np.testing.assert_array_equal(strategy.centres, before)  # no Eq. 16
+    later = strategy.configure_fit(3, parameters, manager)
+    assert all(
+        not ins.config[CENTRES_KEY] and parameters_to_ndarrays(ins.parameters) == [] for _, ins in later
+    )
