@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedapp.config_keys import ConfigSection
+from fedapp.methods.ccfc import CCFCConfig
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
@@ -62,6 +63,14 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.ffcm:FFCMStrategy",
             "clients.ffcm:FFCMClient",
             config=FFCMConfig,
+        ),
+        MethodSpec(
+            "ccfc",
+            "CCFC (Liu et al.): federated SimSiam, then cluster-contrastive FedAvg + k-means of centroids",
+            "strategies.ccfc:CCFCStrategy",
+            "clients.ccfc:CCFCClient",
+            modalities=("images",),
+            config=CCFCConfig,
         ),
         MethodSpec(
             "cefmc",
