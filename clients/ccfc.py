@@ -217,7 +217,8 @@ class CCFCClient(ClusteringClient):
         want_centroids = bool(config.get(WANT_CENTROIDS_KEY, 0))
         state = self.context.state
         device = self._device()
-        model, reference, centroids = self._starting_point(parameters)
+        model, centroids = self._starting_point(parameters)
+        reference = frozen_copy(model, build_model(self.params, self.image_shape))
         if centroids is None and phase == CLUSTER and not self.params.federated:
             centroids = self._own_centroids(model)  # sat out the round that computed them
         model.to(device)
@@ -255,7 +256,7 @@ class CCFCClient(ClusteringClient):
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         """Eq. 3 under the global model and centroids (standalone: the client's own)."""
-        model, _, centroids = self._starting_point(parameters)
+        model, centroids = self._starting_point(parameters)
         if centroids is None and not self.params.federated:
             centroids = self._own_centroids(model)
         if centroids is None:
@@ -274,8 +275,8 @@ class CCFCClient(ClusteringClient):
         set_deterministic(self.cfg.deterministic)
         return resolve_device(self.cfg.device)
 
-    def _starting_point(self, parameters: NDArrays) -> tuple[nn.Module, nn.Module, torch.Tensor | None]:
-        """(w^l = w^g, frozen reference model, centroids): Alg. 1 lines 6-7.
+    def _starting_point(self, parameters: NDArrays) -> tuple[nn.Module, torch.Tensor | None]:
+        """(w^l = w^g, the global centroids): Alg. 1 lines 6-7.
 
         Standalone clients start from their own model and centroids (w^g only seeds the first round).
         """
@@ -283,7 +284,6 @@ class CCFCClient(ClusteringClient):
         n_state = len(state_schema(model))
         if self.params.federated or not restore_module(self.context.state, OWN_MODEL_KEY, model):
             load_state_arrays(model, parameters[:n_state], sender="server")
-        reference = frozen_copy(model, build_model(self.params, self.image_shape))
         if self.params.federated:
             extra = parameters[n_state:]
             centroids = torch.from_numpy(np.asarray(extra[0], dtype=np.float32)) if extra else None
@@ -295,7 +295,7 @@ class CCFCClient(ClusteringClient):
             raise ValueError(
                 f"centroids of shape {tuple(centroids.shape)}, expected ({self.k}, {self.params.latent_dim})"
             )
-        return model, reference, centroids
+        return model, centroids
 
     def _objective(
         self,
