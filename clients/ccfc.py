@@ -241,7 +241,8 @@ class CCFCClient(ClusteringClient):
             objective = self._objective(phase, reference, centroids, rngs.torch, device)
             desc = f"client {self.partition_id} {phase} round {config.get('server-round')}"
             stats = train_local(model, optimizer, objective, images, cursor.take(steps), steps, desc)
-            new_centroids = self._local_centroids(model, images, rngs.numpy) if want_centroids else None
+            encoder = model if self.params.centroid_model == "local" else reference
+            new_centroids = self._local_centroids(encoder, images, rngs.numpy) if want_centroids else None
         save_optimizer(state, optimizer_key(phase), optimizer)
         cursor.save(state, CURSOR_KEY)
         metrics.update(stats.metrics())

@@ -222,6 +222,21 @@ def test_client_replies_weights_and_centroids_and_is_reproducible(tmp_path: Path
     assert labels.shape == (n,) and labels.min() >= 0 and labels.max() < 10
 
 
+@pytest.mark.parametrize("centroid_model, same", [("global", True), ("local", False)])
+def test_centroid_model_global_clusters_the_received_model(
+    tmp_path: Path, centroid_model: str, same: bool
+) -> None:
+    """With centroid-model=global the local centroids do not depend on local training (here: its lr)."""
+    config = {"phase": PRETRAIN, "local-centroids": 1, "server-round": 2}
+    centroids = []
+    for lr in (1e-3, 1e-1):
+        run_config = _run_config(tmp_path, **{"ccfc.centroid-model": centroid_model, "ccfc.lr": lr})
+        start = _global(parse_run_config(run_config).params(CCFCConfig))
+        arrays, _, _ = _client(_client_context(run_config)).fit(start, config)
+        centroids.append(arrays[-1])
+    assert np.array_equal(centroids[0], centroids[1]) == same
+
+
 def test_standalone_client_keeps_its_model_and_sends_no_arrays(tmp_path: Path) -> None:
     run_config = _run_config(tmp_path, **{"ccfc.federation": "standalone"})
     start = _global(parse_run_config(run_config).params(CCFCConfig))

@@ -66,6 +66,12 @@ class CCFCConfig(ConfigSection):
     self_pairs: bool = config_key(
         True, doc="Eq. 1 counts the pair (i, i) too, as the authors' code does; false: only j != i"
     )
+    centroid_model: str = config_key(
+        "local",
+        choices=("local", "global"),
+        doc="local k-means on z of the trained local model (Alg. 1) or of the received global model "
+        "(the space every assignment uses; a heterogeneity remedy)",
+    )
     kmeans_samples: int = config_key(
         0, ge=0, doc="local k-means on at most this many of the client's samples (0 = all)"
     )
