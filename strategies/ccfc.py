@@ -44,9 +44,37 @@ from strategies.base import ClientReply, ClusteringStrategy
 MODEL_FILE = "global_model.npz"  # the final global model and centroids (for simulation/ccfc analyses)
 
 
+class CheckpointError(RuntimeError):
+    """`ccfc.init-model` names a file that does not hold this run's model (not a client fault: stop)."""
+
+
 def average_models(states: list[list[np.ndarray]], sizes: list[int]) -> list[np.ndarray]:
     """Eq. 8: w^g = sum_l |X^l| / |X| w^l over every tensor of the state dict (BN buffers included)."""
     return weighted_average(states, [float(n) for n in sizes])
+
+
+def load_checkpoint(
+    path: Path, schema: StateSchema, k: int, latent_dim: int
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """(state arrays, centroids) from a `global_model.npz` written by `CCFCStrategy.write_outputs`."""
+    try:
+        saved = np.load(path)
+    except OSError as exc:
+        raise CheckpointError(f"ccfc.init-model: cannot read {path}: {exc}") from None
+    missing = [name for name in schema.names if f"state.{name}" not in saved.files]
+    if missing or "centroids" not in saved.files:
+        raise CheckpointError(f"ccfc.init-model: {path} lacks {(missing or ['centroids'])[0]!r}")
+    arrays = [saved[f"state.{name}"] for name in schema.names]
+    try:
+        schema.check(arrays, sender=f"ccfc.init-model {path}")
+    except ReplyError as exc:
+        raise CheckpointError(str(exc)) from None
+    centroids = saved["centroids"]
+    if centroids.shape != (k, latent_dim) or not np.all(np.isfinite(centroids)):
+        raise CheckpointError(
+            f"ccfc.init-model: centroids of shape {centroids.shape}, expected ({k}, {latent_dim})"
+        )
+    return arrays, centroids.astype(np.float32)
 
 
 def merge_centroids(local: list[np.ndarray], k: int, seed: int) -> np.ndarray:
@@ -164,6 +192,13 @@ class CCFCStrategy(ClusteringStrategy):
         model = initial_model(self.params, self.image_shape, self.cfg.seed)
         self.schema = state_schema(model)
         self.global_state = state_arrays(model)
+        if self.params.init_model:
+            assert self.k is not None
+            path = Path(self.params.init_model)
+            self.global_state, self.centroids = load_checkpoint(
+                path, self.schema, self.k, self.params.latent_dim
+            )
+            log(INFO, "CCFC: starting from the model and centroids in %s", path)
         log(
             INFO,
             "CCFC: image shape %s, %d tensors (%.2f M values) in the model; %d clients, %d samples",

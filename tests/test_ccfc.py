@@ -35,7 +35,7 @@ from fedapp.methods.ccfc import CLUSTER, PRETRAIN, SETUP, SHAPE_KEYS, CCFCConfig
 from fedapp.models.ccfc import CCFCNet
 from fedapp.torch_glue import FINGERPRINT_KEY, state_arrays, state_schema
 from simulation.runner import build_overrides, execute
-from strategies.ccfc import CCFCStrategy, average_models, merge_centroids
+from strategies.ccfc import CCFCStrategy, CheckpointError, average_models, merge_centroids
 
 DIGITS_SHAPE = (1, 8, 8)
 
@@ -375,6 +375,34 @@ def test_ccfc_phase_waits_for_global_centroids(tmp_path: Path) -> None:
         {"accepted": 0, "rejected": 0, "failures": 1},
     )
     assert strategy.fit_config(4)["phase"] == PRETRAIN  # no centroids yet: keep pre-training
+
+
+def _checkpoint(path: Path, state: list[np.ndarray], names: list[str], centroids: np.ndarray) -> Path:
+    np.savez(path, **{f"state.{n}": a for n, a in zip(names, state, strict=True)}, centroids=centroids)
+    return path
+
+
+def test_init_model_starts_from_a_checkpoint_and_goes_straight_to_ccfc(tmp_path: Path) -> None:
+    probe, cfg = _strategy(tmp_path / "probe")
+    _set_up(probe)
+    state = [a + 1 if a.dtype.kind == "f" else a for a in probe.global_state]
+    centroids = np.arange(32, dtype=np.float32).reshape(4, 8)
+    path = _checkpoint(tmp_path / "model.npz", state, probe.schema.names, centroids)
+    strategy, _ = _strategy(tmp_path / "run", **{"ccfc.init-model": str(path), "ccfc.pretrain-rounds": 0})
+    broadcast = _set_up(strategy)
+    assert all(np.array_equal(a, b) for a, b in zip(broadcast, [*state, centroids], strict=True))
+    assert strategy.fit_config(2)["phase"] == CLUSTER
+
+
+def test_init_model_of_another_shape_stops_the_run(tmp_path: Path) -> None:
+    probe, _ = _strategy(tmp_path / "probe")
+    _set_up(probe)
+    state = list(probe.global_state)
+    state[0] = np.zeros((3, 3), np.float32)
+    path = _checkpoint(tmp_path / "model.npz", state, probe.schema.names, np.zeros((4, 8), np.float32))
+    strategy, _ = _strategy(tmp_path / "run", **{"ccfc.init-model": str(path)})
+    with pytest.raises(CheckpointError, match="shape"):
+        _set_up(strategy)
 
 
 def test_average_models_weights_by_client_size() -> None:

@@ -72,6 +72,11 @@ class CCFCConfig(ConfigSection):
         doc="local k-means on z of the trained local model (Alg. 1) or of the received global model "
         "(the space every assignment uses; a heterogeneity remedy)",
     )
+    init_model: str = config_key(
+        "",
+        doc="start from this global_model.npz of an earlier run (its weights and centroids) instead of "
+        "the seeded initial model; with pretrain-rounds = 0 the run goes straight to CCFC",
+    )
     kmeans_samples: int = config_key(
         0, ge=0, doc="local k-means on at most this many of the client's samples (0 = all)"
     )
