@@ -15,12 +15,13 @@ from typing import Any
 
 from fedapp.config_keys import ConfigSection
 from fedapp.methods.bench_echo import EchoConfig
+from fedapp.methods.ccfc import CCFCConfig
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.methods.ffcm import FFCMConfig
-from fedapp.methods.gfedntm import GFedNTMConfig
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.methods.fstc import FSTCConfig
+from fedapp.methods.gfedntm import GFedNTMConfig
 from fedapp.methods.kfed import KFedConfig
 from fedapp.methods.textkfed import TextKFedConfig
 
@@ -75,6 +76,14 @@ METHODS: dict[str, MethodSpec] = {
             "clients.ffcm:FFCMClient",
             config=FFCMConfig,
             secagg=True,
+        ),
+        MethodSpec(
+            "ccfc",
+            "CCFC (Liu et al.): federated SimSiam, then cluster-contrastive FedAvg + k-means of centroids",
+            "strategies.ccfc:CCFCStrategy",
+            "clients.ccfc:CCFCClient",
+            modalities=("images",),
+            config=CCFCConfig,
         ),
         MethodSpec(
             "cefmc",

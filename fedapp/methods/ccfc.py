@@ -1,0 +1,116 @@
+"""CCFC (Liu, Yan & Zhang, cluster-contrastive federated clustering): the keys of
+`[tool.flwr.app.config.ccfc]` and what its client and strategy both need (phases, message keys, the model).
+
+Round schedule (`server-round` r, P = `pretrain-rounds`):
+- r = 1, ``setup``: clients report their image shape (no arrays); the server builds the initial global
+  model from the run seed (Alg. 1 line 1) without holding any data.
+- 2 <= r <= P + 1, ``pretrain``: federated SimSiam (two augmented views) + lambda * model-contrastive term.
+- r > P + 1, ``cluster``: CCFC proper, Eq. 1-8 (pseudo-labels from the global model and centroids).
+So `num-rounds` = 1 + P + (CCFC rounds): the paper's 100 + 30 is num-rounds = 131.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedapp.config_keys import ConfigSection, config_key
+from fedapp.models.ccfc import BACKBONES, CCFCNet, default_backbone
+
+# fit config keys (server -> client)
+PHASE_KEY = "phase"
+WANT_CENTROIDS_KEY = "local-centroids"  # 1: reply with k local centroids after training
+SETUP, PRETRAIN, CLUSTER = "setup", "pretrain", "cluster"
+PHASES = (SETUP, PRETRAIN, CLUSTER)
+# metrics keys (client -> server) of the setup reply
+SHAPE_KEYS = ("image-channels", "image-height", "image-width")
+
+
+@dataclass(frozen=True)
+class CCFCConfig(ConfigSection):
+    pretrain_rounds: int = config_key(
+        100, ge=0, doc="federated SimSiam rounds after the setup round; CCFC runs in the rounds after them"
+    )
+    lam: float = config_key(
+        0.001,
+        name="lambda",
+        ge=0.0,
+        doc="weight of the model-contrastive term, Eq. 4 (paper: MNIST 0.001, Fashion 1, CIFAR/STL 0.1)",
+    )
+    lr: float = config_key(
+        1e-3, gt=0.0, doc="Adam learning rate (one optimizer per client, kept across rounds)"
+    )
+    batch_size: int = config_key(128, ge=2, doc="local mini-batch size")
+    local_steps: int = config_key(
+        0,
+        ge=0,
+        doc="mini-batches per round; 0 = one local epoch (the paper); N continues the epoch next round",
+    )
+    latent_dim: int = config_key(256, ge=2, doc="representation size z (paper: 256; 64 for Fashion-MNIST)")
+    projector_hidden: int = config_key(256, ge=1, doc="projector hidden width")
+    predictor_hidden: int = config_key(16, ge=1, doc="predictor bottleneck width (SimSiam)")
+    backbone: str = config_key(
+        "auto", choices=BACKBONES, doc="auto: conv for 28x28 gray, conv-small for 8x8, resnet18 for RGB"
+    )
+    phase2_loss: str = config_key(
+        "cluster",
+        choices=("cluster", "simsiam"),
+        doc="loss after pre-training: cluster-contrastive (CCFC) or SimSiam (the SCFC ablation)",
+    )
+    federation: str = config_key(
+        "fedavg",
+        choices=("fedavg", "standalone"),
+        doc="fedavg (CCFC) or standalone: each client trains and clusters alone (ablation; lambda unused)",
+    )
+    self_pairs: bool = config_key(
+        True, doc="Eq. 1 counts the pair (i, i) too, as the authors' code does; false: only j != i"
+    )
+    centroid_model: str = config_key(
+        "local",
+        choices=("local", "global"),
+        doc="local k-means on z of the trained local model (Alg. 1) or of the received global model "
+        "(the space every assignment uses; a heterogeneity remedy)",
+    )
+    init_model: str = config_key(
+        "",
+        doc="start from this global_model.npz of an earlier run (its weights and centroids) instead of "
+        "the seeded initial model; with pretrain-rounds = 0 the run goes straight to CCFC",
+    )
+    kmeans_samples: int = config_key(
+        0, ge=0, doc="local k-means on at most this many of the client's samples (0 = all)"
+    )
+
+    @property
+    def federated(self) -> bool:
+        return self.federation == "fedavg"
+
+
+def phase_of(server_round: int, pretrain_rounds: int) -> str:
+    """The scheduled phase of a round (the strategy may hold CCFC back until it has global centroids)."""
+    if server_round <= 1:
+        return SETUP
+    return PRETRAIN if server_round <= pretrain_rounds + 1 else CLUSTER
+
+
+def build_model(params: CCFCConfig, image_shape: tuple[int, int, int]) -> CCFCNet:
+    """The network both sides build from the config and the clients' image shape (C, H, W)."""
+    channels, height, width = image_shape
+    if height != width:
+        raise ValueError(f"CCFC's backbones take square images, got {height} x {width}")
+    backbone = params.backbone if params.backbone != "auto" else default_backbone(channels, height)
+    return CCFCNet(
+        backbone,
+        channels,
+        height,
+        latent_dim=params.latent_dim,
+        projector_hidden=params.projector_hidden,
+        predictor_hidden=params.predictor_hidden,
+    )
+
+
+def initial_model(params: CCFCConfig, image_shape: tuple[int, int, int], seed: int) -> CCFCNet:
+    """The initial global model w^g (Alg. 1 line 1), drawn from `seed` without touching the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(params, image_shape)

@@ -1,0 +1,1 @@
+"""CCFC experiments: the MNIST tables (heterogeneity, ablations, lambda, disconnection), kNN and t-SNE."""
