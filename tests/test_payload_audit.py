@@ -24,6 +24,7 @@ from simulation.runner import build_overrides, execute
 
 # A short, cheap run per federated method (add one for every new method: the test fails without it).
 # Sizes are chosen so that no model dimension equals a client's sample count by accident.
+FSTC_QUICK = {"fstc.local-iters": 5, "fstc.batch-size": 50, "fstc.warmup-iters": 2, "fstc.label-updates": 2}
 AUDIT_RUNS: dict[str, dict[str, Any]] = {
     "kfed": {"dataset": "digits", "num-clients": 7},
     "ffcm": {"dataset": "digits", "num-clients": 7, "num-rounds": 3},
@@ -40,6 +41,23 @@ AUDIT_RUNS: dict[str, dict[str, Any]] = {
         "gfedntm.batch-size": 16,
     },
     "bench-echo": {"dataset": "digits", "num-clients": 7, "num-rounds": 2},
+    "ccfc": {
+        "dataset": "digits",
+        "num-clients": 5,
+        "num-rounds": 4,
+        "ccfc.pretrain-rounds": 1,
+        "ccfc.batch-size": 64,
+        "ccfc.local-steps": 2,
+        "ccfc.latent-dim": 16,
+        "ccfc.projector-hidden": 16,
+        "ccfc.kmeans-samples": 200,
+    },
+    **{
+        method: {"dataset": "texts-demo", "num-clients": 3, "num-rounds": 3, **FSTC_QUICK}
+        for method in ("fstc", "fstc-rstc", "fstc-stc")
+    },
+    "fsccl": {"dataset": "texts-demo", "num-clients": 3, "num-rounds": 3, "fsccl.local-iters": 5},
+    **{method: {"dataset": "texts-demo", "num-clients": 3} for method in ("fbow", "ftfidf", "fsbert-kfed")},
 }
 
 
@@ -84,6 +102,7 @@ def test_every_federated_method_has_an_audit_run() -> None:
     assert federated <= set(AUDIT_RUNS), f"add an AUDIT_RUNS entry for {sorted(federated - set(AUDIT_RUNS))}"
 
 
+@pytest.mark.usefixtures("text_embedding_cache")
 @pytest.mark.parametrize("method", sorted(AUDIT_RUNS))
 def test_no_per_sample_array_crosses_the_wire_unless_declared(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
