@@ -16,9 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedapp.config import parse_run_config
+from fedapp.methods.ccfc import SHAPE_KEYS
+from strategies.ccfc import CCFCStrategy
 from strategies.cefmc import CeFMCHStrategy, CeFMCStrategy
 from strategies.fedcmv import FedCMvStrategy, FedFCMvStrategy
 from strategies.ffcm import FFCMStrategy
+from strategies.fstc import FSTCStrategy
 from strategies.gfedntm import GFedNTMStrategy
 from strategies.kfed import KFedStrategy
 
@@ -43,6 +46,7 @@ def _rng(seed: int) -> np.random.Generator:
 # ------------------------------------------------------------------- strategies in a known state
 def _cfg(tmp_path: Path, method: str, **extra: Any) -> Any:
     dataset = "digits-mv" if method in ("cefmc", "cefmc-h", "fedcmv", "fedfcmv") else "digits"
+    dataset = "texts-demo" if method.startswith("fstc") else dataset
     keys = {"method": method, "dataset": dataset, "out-dir": str(tmp_path), "k": K, **extra}
     if dataset == "digits-mv":
         keys["num-clients"] = 3
@@ -153,6 +157,120 @@ def gfedntm_step(tmp_path: Path) -> tuple[Any, int, list[Result]]:
     return strategy, 2, replies
 
 
+# CCFC: setup round (image shapes, no arrays), then pre-training rounds 2-3 (round 3 also sends local
+# centroids: the next round is CCFC), then CCFC rounds (model + local centroids); a tiny 8x8 model.
+CCFC_KEYS = {
+    "num-rounds": 10,
+    "eval-every": 10,  # round 2 is not evaluated: its replies carry the model only
+    "ccfc.pretrain-rounds": 2,
+    "ccfc.latent-dim": 8,
+    "ccfc.projector-hidden": 8,
+    "ccfc.predictor-hidden": 4,
+}
+
+
+def _ccfc_replies(strategy: CCFCStrategy, server_round: int, seed: int) -> list[Result]:
+    """What `clients/ccfc.py` sends in a pre-training / CCFC round: the moved state dict (same dtypes)
+    and, when the round asks for them, k local centroids (float32, k x latent-dim)."""
+    from fedapp.torch_glue import FINGERPRINT_KEY
+
+    assert strategy.schema is not None and strategy.global_state is not None
+    rng = _rng(seed)
+    blobs = rng.normal(size=(K, strategy.params.latent_dim)) * 5
+    replies = []
+    for i in range(3):
+        state = [  # floats moved a little, integer buffers (num_batches_tracked) counted on
+            np.asarray(a + rng.normal(scale=0.1, size=a.shape) if a.dtype.kind == "f" else a + i + 1, a.dtype)
+            for a in strategy.global_state
+        ]
+        if strategy.wants_centroids(server_round):
+            state.append((blobs + rng.normal(scale=0.05, size=blobs.shape)).astype(np.float32))
+        metrics = {"partition-id": i, "k": K, "loss": -0.5, FINGERPRINT_KEY: strategy.schema.fingerprint}
+        replies.append(_result(f"c{i}", state, metrics, n=20 + 10 * i))
+    return replies
+
+
+def _ccfc_through(tmp_path: Path, last_round: int) -> CCFCStrategy:
+    """A CCFC strategy that has aggregated honest replies of rounds 1 .. last_round, as the protocol runs."""
+    strategy = CCFCStrategy(_cfg(tmp_path, "ccfc", **CCFC_KEYS))
+    strategy.fit_config(1)
+    shape = dict(zip(SHAPE_KEYS, (1, 8, 8), strict=True))  # digits: 1 x 8 x 8
+    setup = [_result(f"c{i}", [], {"partition-id": i, "k": K, **shape}, n=20 + 10 * i) for i in range(3)]
+    assert strategy.aggregate_fit(1, setup, [])[0] is not None
+    for server_round in range(2, last_round + 1):
+        strategy.fit_config(server_round)
+        replies = _ccfc_replies(strategy, server_round, seed=20 + server_round)
+        assert strategy.aggregate_fit(server_round, replies, [])[0] is not None
+    return strategy
+
+
+def ccfc_pretrain(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    strategy = _ccfc_through(tmp_path, 1)
+    assert strategy.fit_config(2)["phase"] == "pretrain" and not strategy.wants_centroids(2)
+    return strategy, 2, _ccfc_replies(strategy, 2, seed=9)
+
+
+def ccfc_cluster(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    strategy = _ccfc_through(tmp_path, 3)  # round 3 produced the global centroids
+    assert strategy.fit_config(4)["phase"] == "cluster" and strategy.wants_centroids(4)
+    return strategy, 4, _ccfc_replies(strategy, 4, seed=10)
+
+
+# FSTC: round 1 = local k-means centres (2K per client) + their sizes; rounds 2 .. num-rounds = K x D
+# local centres + K sizes summing to the client's sample count; the last round adds the client's model.
+FSTC_KEYS = {"num-clients": 3, "num-rounds": 3, "fstc.adapter-hidden": 4}
+
+
+def fstc_init(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    rng = _rng(11)
+    replies = []
+    for i in range(3):
+        counts = rng.integers(1, 6, 2 * K).astype(np.int64)
+        centres = rng.normal(size=(2 * K, DIM)) + 3 * rng.integers(0, K, (2 * K, 1))
+        replies.append(_result(f"c{i}", [centres, counts], {"partition-id": i, "k": K}, n=int(counts.sum())))
+    return FSTCStrategy(_cfg(tmp_path, "fstc", **FSTC_KEYS)), 1, replies
+
+
+def _fstc_train_replies(strategy: FSTCStrategy, server_round: int, seed: int) -> list[Result]:
+    from fedapp.torch_glue import FINGERPRINT_KEY
+
+    assert strategy.centres is not None and strategy.initial_model is not None
+    rng = _rng(seed)
+    final = server_round >= strategy.cfg.num_rounds
+    replies = []
+    for i in range(3):
+        n = 12 + 5 * i
+        counts = rng.multinomial(n, [0.5, 0.3, 0.2]).astype(np.int64)  # one cluster may be empty
+        centres = strategy.centres + rng.normal(scale=0.2, size=strategy.centres.shape)
+        arrays = [centres, counts]
+        metrics: dict[str, Any] = {"partition-id": i, "k": K, "train-loss": 0.5, "step": 10 * server_round}
+        if final:
+            arrays += [
+                (a + rng.normal(size=a.shape)).astype(a.dtype) if a.dtype.kind == "f" else a
+                for a in strategy.initial_model
+            ]
+            metrics[FINGERPRINT_KEY] = strategy.schema.fingerprint
+        replies.append(_result(f"c{i}", arrays, metrics, n=n))
+    return replies
+
+
+def _fstc_initialised(tmp_path: Path) -> FSTCStrategy:
+    strategy, _, init = fstc_init(tmp_path)
+    assert strategy.aggregate_fit(1, init, [])[0] is not None
+    return strategy
+
+
+def fstc_train(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    strategy = _fstc_initialised(tmp_path)
+    return strategy, 2, _fstc_train_replies(strategy, 2, seed=12)
+
+
+def fstc_final(tmp_path: Path) -> tuple[Any, int, list[Result]]:
+    strategy = _fstc_initialised(tmp_path)
+    assert strategy.aggregate_fit(2, _fstc_train_replies(strategy, 2, seed=12), [])[0] is not None
+    return strategy, 3, _fstc_train_replies(strategy, 3, seed=13)
+
+
 CASES: dict[str, Callable[[Path], tuple[Any, int, list[Result]]]] = {
     "kfed": kfed_round_one,
     "ffcm-init": ffcm_init,
@@ -164,6 +282,11 @@ CASES: dict[str, Callable[[Path], tuple[Any, int, list[Result]]]] = {
     "fedfcmv": lambda tmp_path: fedcmv_round(tmp_path, FedFCMvStrategy),
     "gfedntm-vocabulary": gfedntm_vocabulary,
     "gfedntm-step": gfedntm_step,
+    "ccfc-pretrain": ccfc_pretrain,
+    "ccfc-cluster": ccfc_cluster,
+    "fstc-init": fstc_init,
+    "fstc-train": fstc_train,
+    "fstc-final": fstc_final,
 }
 
 
