@@ -113,16 +113,18 @@ def test_round_one_asks_for_local_centres_and_builds_centres_and_model(tmp_path:
 
 def test_training_rounds_send_the_initial_model_once_per_client(tmp_path: Path) -> None:
     strategy = _initialised(tmp_path)
-    manager = _manager(["a", "b", "c"])
     assert strategy.initial_model is not None
     n_model = len(strategy.initial_model)
+    manager = _manager(["a", "b", "c"])
     instructions = strategy.configure_fit(2, ndarrays_to_parameters([]), manager)
     for _, ins in instructions:
         arrays = parameters_to_ndarrays(ins.parameters)
         assert ins.config[MODEL_KEY] and ins.config[CENTRES_KEY] and not ins.config[FINAL_KEY]
         assert len(arrays) == 1 + n_model
         np.testing.assert_array_equal(arrays[0], strategy.centres)
-    replies = [_train_reply("a", 0, 10), _train_reply("b", 1, 6)]  # c sat this round out
+    # round 2 again, c not sampled (as with dropout-rate; a client asked but silent counts as failed)
+    strategy.configure_fit(2, ndarrays_to_parameters([]), _manager(["a", "b"]))
+    replies = [_train_reply("a", 0, 10), _train_reply("b", 1, 6)]
     strategy.aggregate_fit(2, replies, [])
     instructions = {
         proxy.cid: ins for proxy, ins in strategy.configure_fit(3, ndarrays_to_parameters([]), manager)

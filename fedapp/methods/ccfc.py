@@ -12,11 +12,14 @@ So `num-rounds` = 1 + P + (CCFC rounds): the paper's 100 + 30 is num-rounds = 13
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from fedapp.config_keys import ConfigSection, config_key
-from fedapp.models.ccfc import BACKBONES, CCFCNet, default_backbone
+
+if TYPE_CHECKING:  # torch is imported only when a model is built: config parsing stays light
+    from fedapp.models.ccfc import CCFCNet
+
+BACKBONES = ("auto", "conv", "conv-small", "resnet18")
 
 # fit config keys (server -> client)
 PHASE_KEY = "phase"
@@ -95,6 +98,8 @@ def phase_of(server_round: int, pretrain_rounds: int) -> str:
 
 def build_model(params: CCFCConfig, image_shape: tuple[int, int, int]) -> CCFCNet:
     """The network both sides build from the config and the clients' image shape (C, H, W)."""
+    from fedapp.models.ccfc import CCFCNet, default_backbone
+
     channels, height, width = image_shape
     if height != width:
         raise ValueError(f"CCFC's backbones take square images, got {height} x {width}")
@@ -111,6 +116,8 @@ def build_model(params: CCFCConfig, image_shape: tuple[int, int, int]) -> CCFCNe
 
 def initial_model(params: CCFCConfig, image_shape: tuple[int, int, int], seed: int) -> CCFCNet:
     """The initial global model w^g (Alg. 1 line 1), drawn from `seed` without touching the global RNG."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build_model(params, image_shape)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-BACKBONES = ("auto", "conv", "conv-small", "resnet18")
+from fedapp.methods.ccfc import BACKBONES  # declared with the config keys (no torch there)
+
 CONV_WIDTHS = {"conv": (64, 128, 256), "conv-small": (16, 32, 64)}
 
 
