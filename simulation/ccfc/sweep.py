@@ -10,6 +10,7 @@ interrupted and restarted; `--only LABEL` runs (or re-tables) a subset of the ro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", type=Path)
     parser.add_argument("--out", type=Path, required=True, help="output root")
     parser.add_argument("--only", action="append", help="run only this label (repeatable)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="these seeds instead of the file's")
     args = parser.parse_args(argv)
     experiment = load_experiment(args.file)
+    if args.seeds:
+        experiment = dataclasses.replace(experiment, seeds=list(args.seeds))
     run_resumable(experiment, args.out, set(args.only) if args.only else None)
     print((args.out / "table.md").read_text())
     return 0
