@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.server.client_proxy import ClientProxy
 
 from clients.ccfc import (
     CCFCClient,
@@ -36,6 +34,7 @@ from fedapp.models.ccfc import CCFCNet
 from fedapp.torch_glue import FINGERPRINT_KEY, state_arrays, state_schema
 from simulation.runner import build_overrides, execute
 from strategies.ccfc import CCFCStrategy, CheckpointError, average_models, merge_centroids
+from tests.flower_mocks import mock_proxy
 
 DIGITS_SHAPE = (1, 8, 8)
 
@@ -253,12 +252,6 @@ def test_standalone_client_keeps_its_model_and_sends_no_arrays(tmp_path: Path) -
 
 
 # ----------------------------------------------------------------------------------------- strategy
-def _proxy(cid: str) -> ClientProxy:
-    proxy = MagicMock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy
-
-
 def _fit_res(arrays: list[np.ndarray], metrics: dict[str, Any], n: int) -> FitRes:
     return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
 
@@ -284,7 +277,9 @@ def _strategy(tmp_path: Path, **extra: Any) -> tuple[CCFCStrategy, RunConfig]:
 def _set_up(strategy: CCFCStrategy) -> list[np.ndarray]:
     strategy.fit_config(1)
     shape = dict(zip(SHAPE_KEYS, DIGITS_SHAPE, strict=True))
-    replies = [(_proxy(f"c{i}"), _fit_res([], {"partition-id": i, "k": 4, **shape}, 50)) for i in range(3)]
+    replies = [
+        (mock_proxy(f"c{i}"), _fit_res([], {"partition-id": i, "k": 4, **shape}, 50)) for i in range(3)
+    ]
     parameters, stats = strategy.aggregate_fit(1, replies, [])
     assert stats["accepted"] == 3
     assert parameters is not None
@@ -322,13 +317,13 @@ def test_round_averages_every_tensor_by_size_and_merges_centroids_with_bad_repli
     metrics = {"k": 4, FINGERPRINT_KEY: fingerprint}
     good = [
         (
-            _proxy("a"),
+            mock_proxy("a"),
             _fit_res(
                 _model_reply(global_state, 1.0, local[0], fingerprint), {**metrics, "partition-id": 0}, 100
             ),
         ),
         (
-            _proxy("b"),
+            mock_proxy("b"),
             _fit_res(
                 _model_reply(global_state, 4.0, local[1], fingerprint), {**metrics, "partition-id": 1}, 300
             ),
@@ -340,10 +335,10 @@ def test_round_averages_every_tensor_by_size_and_merges_centroids_with_bad_repli
     wrong_shape = _model_reply(global_state, 2.0, local[2][:3], fingerprint)
     wrong_fingerprint = _model_reply(global_state, 2.0, local[2], fingerprint)
     bad = [
-        (_proxy("nan"), _fit_res(nan_state, {**metrics, "partition-id": 2}, 100)),
-        (_proxy("shape"), _fit_res(wrong_shape, {**metrics, "partition-id": 2}, 100)),
+        (mock_proxy("nan"), _fit_res(nan_state, {**metrics, "partition-id": 2}, 100)),
+        (mock_proxy("shape"), _fit_res(wrong_shape, {**metrics, "partition-id": 2}, 100)),
         (
-            _proxy("fp"),
+            mock_proxy("fp"),
             _fit_res(wrong_fingerprint, {**metrics, FINGERPRINT_KEY: "0" * 16, "partition-id": 2}, 100),
         ),
     ]

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
@@ -60,6 +59,7 @@ from strategies.fedcmv import (
     fuzzy_cmeans_objective,
     fuzzy_memberships,
 )
+from tests.flower_mocks import mock_manager, mock_proxy
 
 FitResult = tuple[ClientProxy, FitRes]
 
@@ -107,17 +107,8 @@ def _cfg(tmp_path: Path, method: str = "cefmc", **overrides: Any) -> RunConfig:
     return parse_run_config(run_config)
 
 
-def _proxy(cid: str) -> ClientProxy:
-    proxy = MagicMock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy
-
-
 def _manager(cids: list[str] | None = None) -> SimpleClientManager:
-    manager = SimpleClientManager()
-    for cid in cids if cids is not None else sorted(CID_OF_VIEW.values()):
-        manager.register(_proxy(cid))
-    return manager
+    return mock_manager(cids if cids is not None else sorted(CID_OF_VIEW.values()))
 
 
 def _fit_res(arrays: list[np.ndarray], metrics: dict[str, Any], num_examples: int = N_SAMPLES) -> FitRes:
@@ -131,7 +122,7 @@ def _fit_res(arrays: list[np.ndarray], metrics: dict[str, Any], num_examples: in
 
 def _reply(view: int, arrays: list[np.ndarray], k: int = K, **metrics: Any) -> FitResult:
     """The reply of the client holding `view`, with its identity metrics."""
-    return _proxy(CID_OF_VIEW[view]), _fit_res(arrays, {"partition-id": view, "k": k, **metrics})
+    return mock_proxy(CID_OF_VIEW[view]), _fit_res(arrays, {"partition-id": view, "k": k, **metrics})
 
 
 def _init_replies(H_views: list[np.ndarray] = H0, k: int = K) -> list[FitResult]:
@@ -378,7 +369,7 @@ def _missing_view_failures(case: str, view: int) -> list[FitResult | BaseExcepti
     if case == "status":
         failed = _fit_res([], {})
         failed.status = Status(Code.FIT_NOT_IMPLEMENTED, "fit failed")
-        return [(_proxy(CID_OF_VIEW[view]), failed)]
+        return [(mock_proxy(CID_OF_VIEW[view]), failed)]
     return []
 
 
@@ -533,7 +524,7 @@ def test_a_duplicate_view_is_ignored_and_the_round_proceeds(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     strategy = CeFMCStrategy(_cfg(tmp_path))
-    duplicate = (_proxy("n9"), _fit_res([H0[2]], {"partition-id": 0, "k": K}))  # claims view 0 too
+    duplicate = (mock_proxy("n9"), _fit_res([H0[2]], {"partition-id": 0, "k": K}))  # claims view 0 too
     with caplog.at_level(logging.WARNING, logger="flwr"):
         parameters, stats = strategy.aggregate_fit(1, [duplicate, *_init_replies()], [])
     assert "two replies for view 0; keeping client n2" in caplog.text
@@ -546,7 +537,7 @@ def test_a_duplicate_view_that_hides_another_skips_the_round(
 ) -> None:
     strategy = CeFMCStrategy(_cfg(tmp_path))
     replies = _init_replies()
-    replies[1] = (_proxy(CID_OF_VIEW[1]), _fit_res([H0[1]], {"partition-id": 0, "k": K}))
+    replies[1] = (mock_proxy(CID_OF_VIEW[1]), _fit_res([H0[1]], {"partition-id": 0, "k": K}))
     with caplog.at_level(logging.WARNING, logger="flwr"):
         parameters, _ = strategy.aggregate_fit(1, replies, [])
     assert parameters is None and strategy.C is None
@@ -555,7 +546,7 @@ def test_a_duplicate_view_that_hides_another_skips_the_round(
 
 def test_a_reply_for_an_unknown_view_is_rejected_not_blocking(tmp_path: Path) -> None:
     strategy = CeFMCStrategy(_cfg(tmp_path))
-    bogus = (_proxy("n9"), _fit_res([H0[0]], {"partition-id": N_VIEWS + 2, "k": K}))
+    bogus = (mock_proxy("n9"), _fit_res([H0[0]], {"partition-id": N_VIEWS + 2, "k": K}))
     parameters, stats = strategy.aggregate_fit(1, [*_init_replies(), bogus], [])
     assert parameters is not None and strategy.C is not None
     assert stats["rejected"] == 1
@@ -563,7 +554,7 @@ def test_a_reply_for_an_unknown_view_is_rejected_not_blocking(tmp_path: Path) ->
 
 def test_a_client_claiming_an_unknown_view_never_crashes_configure_fit(tmp_path: Path) -> None:
     strategy = CeFMCStrategy(_cfg(tmp_path))
-    bogus = (_proxy("n9"), _fit_res([H0[0]], {"partition-id": N_VIEWS + 2, "k": K}))
+    bogus = (mock_proxy("n9"), _fit_res([H0[0]], {"partition-id": N_VIEWS + 2, "k": K}))
     strategy.aggregate_fit(1, [*_init_replies(), bogus], [])
     strategy.aggregate_fit(2, _init_replies(), [])  # n9 is gone for a round: the initialisation succeeds
     assert strategy.C is not None

@@ -5,12 +5,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
 from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config import parse_run_config
@@ -18,6 +16,7 @@ from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY
 from fedapp.metrics import encode_table
 from fedapp.torch_glue import FINGERPRINT_KEY
 from strategies.fstc import FSTCRSTCStrategy, FSTCStrategy, aggregate_centres, initial_centres
+from tests.flower_mocks import mock_manager, mock_proxy
 
 K, DIM = 3, 2
 FitResult = tuple[ClientProxy, FitRes]
@@ -37,24 +36,11 @@ def _cfg(tmp_path: Path, **overrides: Any):
     return parse_run_config(run_config)
 
 
-def _proxy(cid: str) -> ClientProxy:
-    proxy = MagicMock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy
-
-
-def _manager(cids: list[str]) -> SimpleClientManager:
-    manager = SimpleClientManager()
-    for cid in cids:
-        manager.register(_proxy(cid))
-    return manager
-
-
 def _reply(cid: str, pid: int, arrays: list[np.ndarray], n: int, **metrics: Any) -> FitResult:
     res = FitRes(
         Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, {"partition-id": pid, "k": K, **metrics}
     )
-    return _proxy(cid), res
+    return mock_proxy(cid), res
 
 
 # Round 1: local k-means centres near three groups at (0, 0), (10, 0), (0, 10).
@@ -100,7 +86,7 @@ def test_initial_centres_weight_local_centres_by_their_sizes() -> None:
 # ---------------------------------------------------------------------------------------- protocol
 def test_round_one_asks_for_local_centres_and_builds_centres_and_model(tmp_path: Path) -> None:
     strategy = FSTCStrategy(_cfg(tmp_path))
-    manager = _manager(["c", "a", "b"])
+    manager = mock_manager(["c", "a", "b"])
     instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
     assert [ins.config["phase"] for _, ins in instructions] == ["init"] * 3
     strategy = _initialised(tmp_path)
@@ -115,7 +101,7 @@ def test_training_rounds_send_the_initial_model_once_per_client(tmp_path: Path) 
     strategy = _initialised(tmp_path)
     assert strategy.initial_model is not None
     n_model = len(strategy.initial_model)
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     instructions = strategy.configure_fit(2, ndarrays_to_parameters([]), manager)
     for _, ins in instructions:
         arrays = parameters_to_ndarrays(ins.parameters)
@@ -123,7 +109,7 @@ def test_training_rounds_send_the_initial_model_once_per_client(tmp_path: Path) 
         assert len(arrays) == 1 + n_model
         np.testing.assert_array_equal(arrays[0], strategy.centres)
     # round 2 again, c not sampled (as with dropout-rate; a client asked but silent counts as failed)
-    strategy.configure_fit(2, ndarrays_to_parameters([]), _manager(["a", "b"]))
+    strategy.configure_fit(2, ndarrays_to_parameters([]), mock_manager(["a", "b"]))
     replies = [_train_reply("a", 0, 10), _train_reply("b", 1, 6)]
     strategy.aggregate_fit(2, replies, [])
     instructions = {
@@ -183,12 +169,12 @@ def test_final_round_averages_models_by_sample_count_and_evaluates_once(tmp_path
     assert stats["accepted"] == 2 and strategy.finished
     for array in parameters_to_ndarrays(parameters):
         np.testing.assert_allclose(array, (10 * 1.0 + 30 * 3.0) / 40)  # Alg. 2 line 12, renormalised
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     assert strategy.configure_fit(4, parameters, manager) == []
     assert len(strategy.configure_evaluate(3, parameters, manager)) == 3
     table = encode_table(np.array([[5, 0, 0], [0, 5, 0], [0, 0, 5]]))
     strategy.aggregate_evaluate(
-        3, [(_proxy("a"), EvaluateRes(Status(Code.OK, ""), 0.0, 15, {"table": table}))], []
+        3, [(mock_proxy("a"), EvaluateRes(Status(Code.OK, ""), 0.0, 15, {"table": table}))], []
     )
     assert strategy.final_metrics is not None and strategy.final_metrics["acc"] == 1.0
     assert strategy.configure_evaluate(4, parameters, manager) == []
@@ -259,7 +245,7 @@ def test_init_with_representations_runs_plain_kmeans(tmp_path: Path) -> None:
 
 def test_ablation_sends_no_centres_to_clients_that_have_the_model(tmp_path: Path) -> None:
     strategy = _initialised(tmp_path, FSTCRSTCStrategy, method="fstc-rstc")
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     first = strategy.configure_fit(2, ndarrays_to_parameters([]), manager)
     assert all(ins.config[CENTRES_KEY] and ins.config[MODEL_KEY] for _, ins in first)  # Q starts from C̃
     counts_only = [

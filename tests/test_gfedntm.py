@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
@@ -29,6 +28,7 @@ from fedapp.topic_metrics import (
 from fedapp.torch_glue import FINGERPRINT_KEY, state_arrays, state_schema
 from simulation.runner import build_overrides, execute
 from strategies.gfedntm import GFedNTMStrategy, weighted_gradient
+from tests.flower_mocks import mock_proxy
 
 
 # ----------------------------------------------------------------------------------- model pieces
@@ -121,12 +121,6 @@ def test_amwmd_is_zero_for_the_same_topics_and_grows_with_distance() -> None:
 
 
 # ------------------------------------------------------------------------------- strategy by hand
-def _proxy(cid: str) -> ClientProxy:
-    proxy = MagicMock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy
-
-
 def _strategy(tmp_path: Path, **overrides: object) -> GFedNTMStrategy:
     run_config = {
         "method": "gfedntm",
@@ -147,7 +141,9 @@ def _vocabulary_reply(pid: int, df: dict[str, int], n: int) -> tuple[ClientProxy
     terms = np.array(sorted(df), dtype=np.str_)
     counts = np.array([df[t] for t in sorted(df)], dtype=np.int64)
     metrics = {"partition-id": pid, "k": 3, "context-dim": 0}
-    return _proxy(f"c{pid}"), FitRes(Status(Code.OK, ""), ndarrays_to_parameters([terms, counts]), n, metrics)
+    return mock_proxy(f"c{pid}"), FitRes(
+        Status(Code.OK, ""), ndarrays_to_parameters([terms, counts]), n, metrics
+    )
 
 
 def _consensus(strategy: GFedNTMStrategy, sizes: tuple[int, ...] = (8, 12, 6)) -> None:
@@ -174,7 +170,7 @@ def _update_reply(
         FINGERPRINT_KEY: state_schema(strategy.model).fingerprint,
         **metric_overrides,
     }
-    return _proxy(f"c{pid}"), FitRes(
+    return mock_proxy(f"c{pid}"), FitRes(
         Status(Code.OK, ""), ndarrays_to_parameters([*trainable, *buffers]), n, metrics
     )
 
@@ -257,7 +253,7 @@ def test_malformed_and_nan_gradients_are_rejected(tmp_path: Path) -> None:
     arrays[0] = arrays[0][:-1]
     malformed.parameters = ndarrays_to_parameters(arrays)
     wrong_size = _update_reply(strategy, 2, 1.0, sizes[2] + 5)
-    _, stats = strategy.aggregate_fit(2, [good, nan, (_proxy("c2"), malformed)], [])
+    _, stats = strategy.aggregate_fit(2, [good, nan, (mock_proxy("c2"), malformed)], [])
     assert stats["accepted"] == 1 and stats["rejected"] == 2
     assert torch.allclose(strategy.model.beta, before - 1.0)
     _, stats = strategy.aggregate_fit(3, [wrong_size], [])

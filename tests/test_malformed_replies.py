@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
@@ -24,19 +23,14 @@ from strategies.ffcm import FFCMStrategy
 from strategies.fstc import FSTCStrategy
 from strategies.gfedntm import GFedNTMStrategy
 from strategies.kfed import KFedStrategy
+from tests.flower_mocks import mock_proxy
 
 K, N, DIM = 3, 24, 4
 Result = tuple[ClientProxy, FitRes]
 
 
-def _proxy(cid: str) -> ClientProxy:
-    proxy = MagicMock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy
-
-
 def _result(cid: str, arrays: list[np.ndarray], metrics: dict[str, Any], n: int = 10) -> Result:
-    return _proxy(cid), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+    return mock_proxy(cid), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -351,7 +345,7 @@ def malformed(draw: st.DrawFn, honest: list[Result]) -> Result:
     if parameters is None:
         parameters = ndarrays_to_parameters(arrays)
     cid = f"bad{draw(st.integers(0, 999))}"
-    return _proxy(cid), FitRes(Status(Code.OK, ""), parameters, source.num_examples, metrics)
+    return mock_proxy(cid), FitRes(Status(Code.OK, ""), parameters, source.num_examples, metrics)
 
 
 def _outcome(strategy: Any, server_round: int, results: list[Result]) -> list[np.ndarray] | None:

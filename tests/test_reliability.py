@@ -13,8 +13,6 @@ from unittest.mock import MagicMock
 import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config import parse_run_config
 from fedapp.results import EXIT_CODES, exit_code
@@ -22,21 +20,9 @@ from fedapp.server_loop import FedappServer
 from simulation.runner import build_overrides, execute
 from strategies.ffcm import FFCMStrategy
 from strategies.kfed import KFedStrategy
+from tests.flower_mocks import mock_manager, mock_proxy
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _proxy(cid: str) -> ClientProxy:
-    proxy = MagicMock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy
-
-
-def _manager(cids: list[str]) -> SimpleClientManager:
-    manager = SimpleClientManager()
-    for cid in cids:
-        manager.register(_proxy(cid))
-    return manager
 
 
 def _centres_reply(pid: int, centres: np.ndarray) -> FitRes:
@@ -88,7 +74,7 @@ def test_dropout_half_completes_degraded_with_participation(
 
 def test_a_crash_mid_run_is_recorded_as_failed(tmp_path: Path) -> None:
     strategy = KFedStrategy(parse_run_config({"out-dir": str(tmp_path), "num-clients": 2, "k": 2}))
-    server = FedappServer(client_manager=_manager(["a", "b"]), strategy=strategy)
+    server = FedappServer(client_manager=mock_manager(["a", "b"]), strategy=strategy)
     with pytest.raises(ConnectionError):
         server.fit_round = MagicMock(side_effect=ConnectionError("SuperLink went away"))  # type: ignore[method-assign]
         server.fit(num_rounds=3, timeout=None)
@@ -100,9 +86,9 @@ def test_a_crash_mid_run_is_recorded_as_failed(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- failed clients
 def test_a_failed_client_is_excluded_and_the_rest_go_on(tmp_path: Path) -> None:
     strategy = FFCMStrategy(parse_run_config({"method": "ffcm", "out-dir": str(tmp_path), "k": 2}))
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     assert len(strategy.configure_fit(1, ndarrays_to_parameters([]), manager)) == 3
-    replies = [(_proxy("a"), _mass_reply(0)), (_proxy("b"), _mass_reply(1))]
+    replies = [(mock_proxy("a"), _mass_reply(0)), (mock_proxy("b"), _mass_reply(1))]
     parameters, _ = strategy.aggregate_fit(1, replies, [TimeoutError("c: message expired")])
     assert parameters is not None  # aggregated over the clients that answered
     assert strategy.excluded == {"c": 1} and strategy.participation[1]["failed"] == ["c"]
@@ -118,7 +104,7 @@ def _mass_reply(pid: int) -> FitRes:
 def test_every_client_failing_stops_after_the_first_round_with_the_error(tmp_path: Path) -> None:
     """A client error that repeats identically (missing data, a bug) must not be retried for ever."""
     strategy = KFedStrategy(parse_run_config({"out-dir": str(tmp_path), "k": 2}))
-    manager = _manager(["a", "b"])
+    manager = mock_manager(["a", "b"])
     strategy.configure_fit(1, ndarrays_to_parameters([]), manager)
     errors = [ValueError("ClientAppException: no file /data/x.mat")] * 2
     assert strategy.aggregate_fit(1, [], errors)[0] is None
@@ -129,18 +115,18 @@ def test_every_client_failing_stops_after_the_first_round_with_the_error(tmp_pat
 
 def test_too_few_valid_replies_lose_the_round(tmp_path: Path) -> None:
     strategy = KFedStrategy(parse_run_config({"out-dir": str(tmp_path), "k": 2, "min-fit-clients": 2}))
-    strategy.configure_fit(1, ndarrays_to_parameters([]), _manager(["a", "b"]))
+    strategy.configure_fit(1, ndarrays_to_parameters([]), mock_manager(["a", "b"]))
     centres = np.array([[0.0, 0.0], [1.0, 1.0]])
-    parameters, stats = strategy.aggregate_fit(1, [(_proxy("a"), _centres_reply(0, centres))], [])
+    parameters, stats = strategy.aggregate_fit(1, [(mock_proxy("a"), _centres_reply(0, centres))], [])
     assert parameters is None and stats["accepted"] == 1 and strategy.lost_rounds == [1]
-    both = [(_proxy("a"), _centres_reply(0, centres)), (_proxy("b"), _centres_reply(1, centres + 9))]
+    both = [(mock_proxy("a"), _centres_reply(0, centres)), (mock_proxy("b"), _centres_reply(1, centres + 9))]
     assert strategy.aggregate_fit(2, both, [])[0] is not None
 
 
 def test_min_fit_fraction_counts_the_whole_federation(tmp_path: Path) -> None:
     cfg = parse_run_config({"out-dir": str(tmp_path), "k": 2, "min-fit-fraction": 0.75})
     strategy = KFedStrategy(cfg)
-    strategy.configure_fit(1, ndarrays_to_parameters([]), _manager(["a", "b", "c", "d"]))
+    strategy.configure_fit(1, ndarrays_to_parameters([]), mock_manager(["a", "b", "c", "d"]))
     assert strategy.min_fit() == 3
 
 

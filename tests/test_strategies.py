@@ -5,7 +5,6 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 import strategies.base
@@ -28,6 +26,7 @@ from fedapp.metrics import clustering_metrics, encode_table
 from strategies.base import MAX_EMPTY_ROUNDS, FederationError
 from strategies.ffcm import FFCMStrategy
 from strategies.kfed import KFedStrategy
+from tests.flower_mocks import mock_manager, mock_proxy
 
 FitResult = tuple[ClientProxy, FitRes]
 
@@ -47,19 +46,6 @@ def _cfg(tmp_path: Path, **overrides: Any) -> RunConfig:
     return parse_run_config(run_config)
 
 
-def _proxy(cid: str) -> ClientProxy:
-    proxy = MagicMock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy
-
-
-def _manager(cids: list[str]) -> SimpleClientManager:
-    manager = SimpleClientManager()
-    for cid in cids:
-        manager.register(_proxy(cid))
-    return manager
-
-
 def _fit_res(arrays: list[np.ndarray], metrics: dict[str, Any], num_examples: int = 10) -> FitRes:
     return FitRes(
         status=Status(Code.OK, ""),
@@ -72,7 +58,7 @@ def _fit_res(arrays: list[np.ndarray], metrics: dict[str, Any], num_examples: in
 def _kfed_reply(cid: str, pid: int, centres: np.ndarray, k: int = 3, **metrics: Any) -> FitResult:
     """A well-formed k-FED reply: local centres and int64 counts."""
     counts = np.full(centres.shape[0], 5, dtype=np.int64)
-    return _proxy(cid), _fit_res([centres, counts], {"partition-id": pid, "k": k, **metrics})
+    return mock_proxy(cid), _fit_res([centres, counts], {"partition-id": pid, "k": k, **metrics})
 
 
 def _kfed_replies() -> list[FitResult]:
@@ -94,7 +80,7 @@ def _centres(parameters: Parameters | None) -> np.ndarray:
 # --------------------------------------------------------------------------------------------- k-FED
 def test_kfed_configure_fit_sends_local_centres_phase_to_every_client(tmp_path: Path) -> None:
     strategy = KFedStrategy(_cfg(tmp_path, **{"kfed.local-k": 4}))
-    manager = _manager(["c", "a", "b"])
+    manager = mock_manager(["c", "a", "b"])
     instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
     assert [proxy.cid for proxy, _ in instructions] == ["a", "b", "c"]
     for _, ins in instructions:
@@ -114,7 +100,7 @@ def test_kfed_global_centres_are_kmeans_over_local_centres(tmp_path: Path) -> No
 
 def test_kfed_is_one_shot(tmp_path: Path) -> None:
     strategy = KFedStrategy(_cfg(tmp_path))
-    manager = _manager(["a", "b", "z"])
+    manager = mock_manager(["a", "b", "z"])
     parameters, _ = strategy.aggregate_fit(1, _kfed_replies(), [])
     assert strategy.finished and strategy.stop_reason == "one-shot"
     assert parameters is not None
@@ -122,7 +108,7 @@ def test_kfed_is_one_shot(tmp_path: Path) -> None:
     # the final model is still evaluated exactly once
     assert len(strategy.configure_evaluate(1, parameters, manager)) == 3
     table = encode_table(np.array([[5, 0], [0, 5], [1, 1]]))
-    results = [(_proxy("a"), EvaluateRes(Status(Code.OK, ""), 0.0, 12, {"table": table}))]
+    results = [(mock_proxy("a"), EvaluateRes(Status(Code.OK, ""), 0.0, 12, {"table": table}))]
     strategy.aggregate_evaluate(1, results, [])
     assert strategy.configure_evaluate(2, parameters, manager) == []
 
@@ -133,11 +119,11 @@ def test_ffcm_round_one_is_mass_weighted_kmeans_over_local_centres(tmp_path: Pat
     assert strategy.fit_config(1)["phase"] == "init"
     results = [
         (
-            _proxy("a"),
+            mock_proxy("a"),
             _fit_res([np.array([[0.0, 0.0], [10.0, 10.0]]), np.array([3.0, 1.0])], {"partition-id": 0}),
         ),
         (
-            _proxy("b"),
+            mock_proxy("b"),
             _fit_res([np.array([[2.0, 2.0], [12.0, 12.0]]), np.array([1.0, 3.0])], {"partition-id": 1}),
         ),
     ]
@@ -159,7 +145,7 @@ def _ffcm_after_init(tmp_path: Path, delta: float) -> FFCMStrategy:
 
 
 def _sums_reply(cid: str, pid: int, sums: list[list[float]], mass: list[float]) -> FitResult:
-    return _proxy(cid), _fit_res([np.array(sums), np.array(mass)], {"partition-id": pid, "k": 2})
+    return mock_proxy(cid), _fit_res([np.array(sums), np.array(mass)], {"partition-id": pid, "k": 2})
 
 
 def test_ffcm_update_is_sum_of_sums_over_sum_of_mass(tmp_path: Path) -> None:
@@ -181,7 +167,7 @@ def test_ffcm_stops_when_relative_shift_at_most_delta(tmp_path: Path, delta: flo
     results = [_sums_reply("a", 0, [[4.0, 2.0], [40.0, 42.0]], [4.0, 4.0])]  # shift exactly 0.1
     strategy.aggregate_fit(2, results, [])
     assert strategy.finished is stops
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     instructions = strategy.configure_fit(3, ndarrays_to_parameters([strategy.centres]), manager)
     assert (instructions == []) is stops
     if stops:
@@ -206,7 +192,7 @@ def test_a_client_failure_does_not_stop_the_round(tmp_path: Path, caplog: pytest
     strategy = KFedStrategy(_cfg(tmp_path))
     failed = _fit_res([], {})
     failed.status = Status(Code.FIT_NOT_IMPLEMENTED, "no fit")
-    failures: list[FitResult | BaseException] = [RuntimeError("node lost"), (_proxy("q"), failed)]
+    failures: list[FitResult | BaseException] = [RuntimeError("node lost"), (mock_proxy("q"), failed)]
     with caplog.at_level(logging.WARNING, logger="flwr"):
         parameters, stats = strategy.aggregate_fit(1, _kfed_replies()[:2], failures)
     assert stats == {"accepted": 2, "rejected": 0, "failures": 2}
@@ -245,7 +231,7 @@ def test_a_malformed_reply_is_rejected_and_the_others_aggregated(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
     arrays, metrics, reason = BAD_KFED_REPLIES[case]
-    bad = (_proxy("bad"), _fit_res(arrays, metrics))
+    bad = (mock_proxy("bad"), _fit_res(arrays, metrics))
     good = _kfed_replies()
     reference, _ = KFedStrategy(_cfg(tmp_path / "ref")).aggregate_fit(1, good, [])
     strategy = KFedStrategy(_cfg(tmp_path))
@@ -264,7 +250,7 @@ def test_a_reply_of_another_dimension_is_left_out_of_round_one(
     reference, _ = KFedStrategy(_cfg(tmp_path / "ref")).aggregate_fit(1, good, [])
     with caplog.at_level(logging.WARNING, logger="flwr"):
         parameters, _ = KFedStrategy(_cfg(tmp_path)).aggregate_fit(
-            1, [*good, (_proxy("bad"), _fit_res(arrays, metrics))], []
+            1, [*good, (mock_proxy("bad"), _fit_res(arrays, metrics))], []
         )
     assert "client bad: dimension 5, others 2" in caplog.text
     np.testing.assert_array_equal(_centres(parameters), _centres(reference))
@@ -278,22 +264,22 @@ def test_undecodable_parameters_are_rejected(tmp_path: Path) -> None:
         metrics={"partition-id": 3, "k": 3},
     )
     strategy = KFedStrategy(_cfg(tmp_path))
-    parameters, stats = strategy.aggregate_fit(1, [*_kfed_replies(), (_proxy("bad"), garbage)], [])
+    parameters, stats = strategy.aggregate_fit(1, [*_kfed_replies(), (mock_proxy("bad"), garbage)], [])
     assert stats["rejected"] == 1 and parameters is not None
 
 
 def test_all_replies_invalid_returns_none_and_retries(tmp_path: Path) -> None:
     strategy = KFedStrategy(_cfg(tmp_path))
     results = [
-        (_proxy("a"), _fit_res([np.array([[np.nan, 0.0]]), np.array([1])], {"partition-id": 0, "k": 3})),
-        (_proxy("b"), _fit_res([np.zeros((1, 2))], {"partition-id": 1, "k": 3})),
+        (mock_proxy("a"), _fit_res([np.array([[np.nan, 0.0]]), np.array([1])], {"partition-id": 0, "k": 3})),
+        (mock_proxy("b"), _fit_res([np.zeros((1, 2))], {"partition-id": 1, "k": 3})),
     ]
     parameters, stats = strategy.aggregate_fit(1, results, [RuntimeError("lost")])
     assert parameters is None
     assert stats == {"accepted": 0, "rejected": 2, "failures": 1}
     assert not strategy.finished
     assert strategy.aggregate_fit(1, [], []) == (None, {"accepted": 0, "rejected": 0, "failures": 0})
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     assert len(strategy.configure_fit(2, ndarrays_to_parameters([]), manager)) == 3  # the round is retried
 
 
@@ -335,7 +321,7 @@ def test_unconfigured_k_does_not_depend_on_arrival_order(tmp_path: Path) -> None
 
 
 def test_a_rejected_reply_does_not_set_k(tmp_path: Path) -> None:
-    bad = (_proxy("bad"), _fit_res([np.zeros((2, 2)), np.array([5])], {"partition-id": 9, "k": 7}))
+    bad = (mock_proxy("bad"), _fit_res([np.zeros((2, 2)), np.array([5])], {"partition-id": 9, "k": 7}))
     strategy = KFedStrategy(_cfg(tmp_path, k=0))
     parameters, stats = strategy.aggregate_fit(1, [bad, *_kfed_replies()], [])
     assert stats == {"accepted": 3, "rejected": 1, "failures": 0}
@@ -343,7 +329,7 @@ def test_a_rejected_reply_does_not_set_k(tmp_path: Path) -> None:
 
 
 def test_unconfigured_k_and_a_reply_without_k_is_rejected_not_a_crash(tmp_path: Path) -> None:
-    reply = (_proxy("a"), _fit_res([np.zeros((2, 2)), np.array([1, 1])], {"partition-id": 0}))
+    reply = (mock_proxy("a"), _fit_res([np.zeros((2, 2)), np.array([1, 1])], {"partition-id": 0}))
     assert KFedStrategy(_cfg(tmp_path, k=0)).aggregate_fit(1, [reply], []) == (
         None,
         {"accepted": 0, "rejected": 1, "failures": 0},
@@ -371,14 +357,14 @@ def _eval_res(metrics: dict[str, Any], num_examples: int = 10) -> EvaluateRes:
 
 def _eval_results(tables: list[np.ndarray] = TABLES) -> list[tuple[ClientProxy, EvaluateRes]]:
     return [
-        (_proxy(f"c{i}"), _eval_res({"table": encode_table(t), "partition-id": i}))
+        (mock_proxy(f"c{i}"), _eval_res({"table": encode_table(t), "partition-id": i}))
         for i, t in enumerate(tables)
     ]
 
 
 def test_configure_evaluate_sends_the_global_model_to_every_client(tmp_path: Path) -> None:
     strategy = KFedStrategy(_cfg(tmp_path))
-    manager = _manager(["b", "a", "c"])
+    manager = mock_manager(["b", "a", "c"])
     assert strategy.configure_evaluate(1, ndarrays_to_parameters([]), manager) == []  # nothing to evaluate
     parameters = ndarrays_to_parameters([TRUE_CENTRES])
     instructions = strategy.configure_evaluate(1, parameters, manager)
@@ -409,7 +395,7 @@ MALFORMED_EVAL: dict[str, dict[str, Any]] = {
 def test_a_malformed_table_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str) -> None:
     strategy = KFedStrategy(_cfg(tmp_path, k=2))
     results = _eval_results()
-    results.insert(2, (_proxy("c1x"), _eval_res(MALFORMED_EVAL[case])))  # sorts after a valid table
+    results.insert(2, (mock_proxy("c1x"), _eval_res(MALFORMED_EVAL[case])))  # sorts after a valid table
     with caplog.at_level(logging.WARNING, logger="flwr"):
         _, metrics = strategy.aggregate_evaluate(1, results, [])
     assert metrics == clustering_metrics(sum(TABLES))
@@ -420,7 +406,7 @@ def test_no_valid_table_returns_empty_metrics(tmp_path: Path) -> None:
     strategy = KFedStrategy(_cfg(tmp_path, k=2))
     # a wrong-shaped table on its own is still a well-formed table, so it is left out here
     malformed = [metrics for case, metrics in MALFORMED_EVAL.items() if case != "wrong-shape"]
-    results = [(_proxy(f"c{i}"), _eval_res(metrics)) for i, metrics in enumerate(malformed)]
+    results = [(mock_proxy(f"c{i}"), _eval_res(metrics)) for i, metrics in enumerate(malformed)]
     assert strategy.aggregate_evaluate(1, results, []) == (None, {})
     assert strategy.aggregate_evaluate(1, [], [RuntimeError("lost")]) == (None, {})
     assert strategy.history == [] and not (tmp_path / "summary.json").exists()
@@ -428,7 +414,7 @@ def test_no_valid_table_returns_empty_metrics(tmp_path: Path) -> None:
 
 def test_a_wrong_shaped_table_from_the_first_client_is_the_one_skipped(tmp_path: Path) -> None:
     strategy = KFedStrategy(_cfg(tmp_path, k=2))
-    wrong = (_proxy("a-first"), _eval_res({"table": encode_table(np.ones((3, 3), dtype=np.int64))}))
+    wrong = (mock_proxy("a-first"), _eval_res({"table": encode_table(np.ones((3, 3), dtype=np.int64))}))
     _, metrics = strategy.aggregate_evaluate(1, [wrong, *_eval_results()], [])
     assert metrics == clustering_metrics(sum(TABLES))
 
@@ -454,7 +440,7 @@ def test_evaluation_writes_summary_rounds_and_plot(tmp_path: Path) -> None:
 def test_ledger_records_the_bytes_sent_and_received_per_client(tmp_path: Path) -> None:
     strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm", k=2))
     strategy.centres = np.array([[0.0, 0.0], [10.0, 10.0]])
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     sent = strategy.configure_fit(2, ndarrays_to_parameters([strategy.centres]), manager)
     results = [
         _sums_reply("a", 0, [[1.0, 2.0], [30.0, 30.0]], [2.0, 3.0]),
@@ -499,7 +485,7 @@ def test_ledger_records_the_bytes_sent_and_received_per_client(tmp_path: Path) -
 def test_ledger_counts_the_evaluation_config(tmp_path: Path) -> None:
     strategy = KFedStrategy(_cfg(tmp_path))
     evaluation = strategy.configure_evaluate(
-        1, ndarrays_to_parameters([TRUE_CENTRES]), _manager(["a", "b", "c"])
+        1, ndarrays_to_parameters([TRUE_CENTRES]), mock_manager(["a", "b", "c"])
     )
     for proxy, ins in evaluation:
         expected = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)
@@ -513,7 +499,7 @@ def test_too_few_clients_is_a_federation_error(
 ) -> None:
     monkeypatch.setattr(strategies.base, "CLIENT_WAIT_S", 0.1)
     strategy = KFedStrategy(_cfg(tmp_path, num_clients=3))
-    manager = _manager(["a", "b"])
+    manager = mock_manager(["a", "b"])
     configure = strategy.configure_fit if phase == "fit" else strategy.configure_evaluate
     with pytest.raises(FederationError, match=r"num-clients=3 but only 2 client\(s\) connected after 0.1 s"):
         configure(1, ndarrays_to_parameters([TRUE_CENTRES]), manager)
@@ -522,7 +508,7 @@ def test_too_few_clients_is_a_federation_error(
 def test_extra_clients_are_used_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     strategy = KFedStrategy(_cfg(tmp_path, num_clients=2))
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        instructions = strategy.configure_fit(1, ndarrays_to_parameters([]), _manager(["a", "b", "c"]))
+        instructions = strategy.configure_fit(1, ndarrays_to_parameters([]), mock_manager(["a", "b", "c"]))
     assert len(instructions) == 3
     assert "3 clients connected but num-clients=2" in caplog.text
 
@@ -531,12 +517,12 @@ def test_extra_clients_are_used_with_a_warning(tmp_path: Path, caplog: pytest.Lo
 def test_a_run_stops_after_consecutive_rounds_without_a_valid_reply(tmp_path: Path) -> None:
     """Clients that fail every round (e.g. a missing data file) end the run instead of idling."""
     strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm"))
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     nan_reply = _fit_res([np.full((3, 2), np.nan), np.ones(3)], {"partition-id": 0, "k": 3})
     for server_round in range(1, MAX_EMPTY_ROUNDS + 1):
         assert strategy.configure_fit(server_round, ndarrays_to_parameters([]), manager)
         parameters, stats = strategy.aggregate_fit(
-            server_round, [(_proxy("a"), nan_reply)], [RuntimeError("b down"), RuntimeError("c down")]
+            server_round, [(mock_proxy("a"), nan_reply)], [RuntimeError("b down"), RuntimeError("c down")]
         )
         assert parameters is None and stats["accepted"] == 0
     assert strategy.finished and "consecutive" in strategy.stop_reason
@@ -549,9 +535,9 @@ def test_one_valid_round_resets_the_empty_round_count(tmp_path: Path) -> None:
     strategy = KFedStrategy(_cfg(tmp_path))
     bad = _fit_res([np.full((3, 2), np.nan), np.ones(3, dtype=np.int64)], {"partition-id": 0, "k": 3})
     for server_round in range(1, MAX_EMPTY_ROUNDS):
-        strategy.aggregate_fit(server_round, [(_proxy("a"), bad)], [])
+        strategy.aggregate_fit(server_round, [(mock_proxy("a"), bad)], [])
     good = _fit_res([TRUE_CENTRES, np.ones(3, dtype=np.int64)], {"partition-id": 0, "k": 3})
-    parameters, _ = strategy.aggregate_fit(MAX_EMPTY_ROUNDS, [(_proxy("a"), good)], [])
+    parameters, _ = strategy.aggregate_fit(MAX_EMPTY_ROUNDS, [(mock_proxy("a"), good)], [])
     assert parameters is not None and strategy.stop_reason == "one-shot"
 
 
@@ -560,20 +546,22 @@ def test_one_valid_round_resets_the_empty_round_count(tmp_path: Path) -> None:
 def test_dropout_rate_skips_a_seeded_fraction_of_clients(tmp_path: Path, rate: float, n_dropped: int) -> None:
     cids = [f"c{i}" for i in range(10)]
     strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm", **{"dropout-rate": rate, "num-clients": 10}))
-    instructions = strategy.configure_fit(1, ndarrays_to_parameters([]), _manager(cids))
+    instructions = strategy.configure_fit(1, ndarrays_to_parameters([]), mock_manager(cids))
     asked = sorted(client.cid for client, _ in instructions)
     assert len(asked) == 10 - n_dropped  # at least one client always stays
     assert strategy.participation[1]["dropped"] == sorted(set(cids) - set(asked))
     again = FFCMStrategy(_cfg(tmp_path, method="ffcm", **{"dropout-rate": rate, "num-clients": 10}))
-    same = again.configure_fit(1, ndarrays_to_parameters([]), _manager(cids))
+    same = again.configure_fit(1, ndarrays_to_parameters([]), mock_manager(cids))
     assert sorted(client.cid for client, _ in same) == asked  # same seed and round, same draw
     if n_dropped:
-        later = again.configure_fit(2, ndarrays_to_parameters([]), _manager(cids))
+        later = again.configure_fit(2, ndarrays_to_parameters([]), mock_manager(cids))
         rounds = [asked, sorted(client.cid for client, _ in later)]
         assert len(rounds[1]) == len(asked)  # the fraction is fixed, the members change with the round
         draws = {
             tuple(
-                sorted(c.cid for c, _ in again.configure_fit(r, ndarrays_to_parameters([]), _manager(cids)))
+                sorted(
+                    c.cid for c, _ in again.configure_fit(r, ndarrays_to_parameters([]), mock_manager(cids))
+                )
             )
             for r in range(3, 9)
         }
@@ -585,7 +573,7 @@ def test_eval_every_evaluates_on_its_cadence_and_after_the_last_round(
     tmp_path: Path, eval_every: int, evaluated: list[int]
 ) -> None:
     strategy = FFCMStrategy(_cfg(tmp_path, method="ffcm", **{"eval-every": eval_every, "num-rounds": 5}))
-    manager = _manager(["a", "b", "c"])
+    manager = mock_manager(["a", "b", "c"])
     model = ndarrays_to_parameters([np.zeros((3, 2))])
     asked = [r for r in range(1, 6) if strategy.configure_evaluate(r, model, manager)]
     assert asked == evaluated

@@ -5,12 +5,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from sklearn.feature_extraction.text import TfidfVectorizer
 
@@ -18,6 +16,7 @@ from fedapp.bow import document_frequencies
 from fedapp.config import parse_run_config
 from simulation.runner import build_overrides, execute
 from strategies.textkfed import BagOfWordsKFedStrategy, TfIdfKFedStrategy
+from tests.flower_mocks import mock_manager, mock_proxy
 
 CLIENT_TEXTS = [
     ["python list sort", "python dict keys", "football goal league"],
@@ -25,16 +24,10 @@ CLIENT_TEXTS = [
 ]
 
 
-def _proxy(cid: str) -> ClientProxy:
-    proxy = MagicMock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy
-
-
 def _df_reply(cid: str, pid: int, texts: list[str], **metrics: Any) -> tuple[ClientProxy, FitRes]:
     terms, counts = document_frequencies(texts).to_arrays()
     metrics = {"partition-id": pid, "k": 2, "n-documents": len(texts), **metrics}
-    return _proxy(cid), FitRes(
+    return mock_proxy(cid), FitRes(
         Status(Code.OK, ""), ndarrays_to_parameters([terms, counts]), len(texts), metrics
     )
 
@@ -60,16 +53,9 @@ def test_vocabulary_round_merges_document_frequencies_and_idf(tmp_path: Path) ->
     assert list(strategy.vocabulary) == ["football", "goal", "python"]  # df >= 2 over the union
     reference = TfidfVectorizer(vocabulary=list(strategy.vocabulary)).fit(CLIENT_TEXTS[0] + CLIENT_TEXTS[1])
     np.testing.assert_allclose(strategy.idf, reference.idf_)
-    ins = strategy.configure_fit(2, parameters, _manager(["a", "b"]))[0][1]
+    ins = strategy.configure_fit(2, parameters, mock_manager(["a", "b"]))[0][1]
     vocabulary, idf = parameters_to_ndarrays(ins.parameters)
     assert ins.config["phase"] == "local-centres" and list(vocabulary) == list(strategy.vocabulary)
-
-
-def _manager(cids: list[str]) -> SimpleClientManager:
-    manager = SimpleClientManager()
-    for cid in cids:
-        manager.register(_proxy(cid))
-    return manager
 
 
 def test_fbow_sends_no_idf_and_caps_the_vocabulary(tmp_path: Path) -> None:
