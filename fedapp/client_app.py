@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
@@ -12,13 +14,19 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from fedapp.checkpoint import checkpoint_dir
 from fedapp.client_runtime import ManagedClient
-from fedapp.config import ConfigError, parse_run_config
+from fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedapp.methods import load_class, method_spec
 from fedapp.results import default_out_dir
 
 
+@lru_cache(maxsize=8)
+def _parsed(run_config: tuple[tuple[str, Any], ...]) -> RunConfig:
+    """A process hosts many virtual clients of one run, each message rebuilding its client: parse once."""
+    return parse_run_config(dict(run_config))
+
+
 def client_fn(context: Context) -> Client:
-    cfg = parse_run_config(context.run_config)
+    cfg = _parsed(tuple(sorted(context.run_config.items())))
     spec = method_spec(cfg.method)
     if spec.client is None:
         raise ConfigError(f"method '{cfg.method}' has no federated client")

@@ -15,6 +15,7 @@ is allowed, so a typo fails before any process starts.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import typing
 from collections.abc import Iterable, Mapping
@@ -123,26 +124,7 @@ class ConfigSection:
     @classmethod
     def key_specs(cls) -> tuple[KeySpec, ...]:
         """The declared keys, in declaration order (fields without `config_key` are not keys)."""
-        hints = typing.get_type_hints(cls)
-        specs = []
-        for item in fields(cls):
-            if "doc" not in item.metadata:
-                continue
-            kind = hints[item.name]
-            if kind not in (int, float, str, bool):
-                raise TypeError(f"{cls.__name__}.{item.name}: a config key must be int, float, str or bool")
-            specs.append(
-                KeySpec(
-                    attr=item.name,
-                    name=item.metadata["name"] or item.name.replace("_", "-"),
-                    kind=kind,
-                    default=item.default if item.default is not MISSING else None,
-                    doc=item.metadata["doc"],
-                    bounds=item.metadata["bounds"],
-                    choices=item.metadata["choices"],
-                )
-            )
-        return tuple(specs)
+        return _key_specs(cls)
 
     @classmethod
     def defaults(cls, prefix: str = "") -> dict[str, Any]:
@@ -170,6 +152,31 @@ class ConfigSection:
     def to_flower(self, prefix: str = "") -> dict[str, Any]:
         """Flower key -> value, as `flwr run --run-config` would take it."""
         return {_join(prefix, spec.name): getattr(self, spec.attr) for spec in self.key_specs()}
+
+
+
+@functools.cache  # every message of every client parses the run config: read the type hints once
+def _key_specs(cls: type) -> tuple[KeySpec, ...]:
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for item in fields(cls):
+        if "doc" not in item.metadata:
+            continue
+        kind = hints[item.name]
+        if kind not in (int, float, str, bool):
+            raise TypeError(f"{cls.__name__}.{item.name}: a config key must be int, float, str or bool")
+        specs.append(
+            KeySpec(
+                attr=item.name,
+                name=item.metadata["name"] or item.name.replace("_", "-"),
+                kind=kind,
+                default=item.default if item.default is not MISSING else None,
+                doc=item.metadata["doc"],
+                bounds=item.metadata["bounds"],
+                choices=item.metadata["choices"],
+            )
+        )
+    return tuple(specs)
 
 
 def _join(prefix: str, name: str) -> str:

@@ -183,8 +183,9 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
 
 
 # ------------------------------------------------------------------------------------ batched exchange
-MIN_PULL_INTERVAL_S = 0.005  # first re-poll after pushing a round's messages
+MIN_PULL_INTERVAL_S = 0.002  # first re-poll after pushing a round's messages
 MAX_PULL_INTERVAL_S = 0.1  # polling backs off to this while clients compute
+PULL_INTERVAL_FRACTION = 0.05  # re-poll after 5 % of the time waited so far: late replies cost <= 5 %
 
 
 def exchange(
@@ -196,7 +197,9 @@ def exchange(
 
     Flower's legacy proxies send one message per client thread and poll the SuperLink every 3 s in a
     deployment, which sets a floor of seconds per exchange. Here all messages go out in one push and the
-    replies are pulled together, first after 5 ms, backing off to 100 ms. A reply that carries an error,
+    replies are pulled together, re-polling after 5 % of the time waited so far (2 ms to 100 ms), so a
+    reply is picked up at most 5 % later than it arrived (a fixed doubling backoff lost up to 100 ms per
+    exchange, a third of a CeFMC round in simulation). A reply that carries an error,
     or none before `timeout`, is a failure (and the strategy stops asking that client).
     """
     proxies = [proxy for proxy, _ in instructions]
@@ -219,8 +222,8 @@ def exchange(
     ids = list(grid.push_messages(messages))
     proxy_of = dict(zip(ids, proxies, strict=True))
     pending, replies = set(ids), {}
-    deadline = None if timeout is None else time.monotonic() + timeout
-    interval = MIN_PULL_INTERVAL_S
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
     while pending and (deadline is None or time.monotonic() < deadline):
         for reply in grid.pull_messages(pending):
             message_id = reply.metadata.reply_to_message_id
@@ -228,8 +231,8 @@ def exchange(
                 pending.discard(message_id)
                 replies[message_id] = reply
         if pending:
-            time.sleep(interval)
-            interval = min(interval * 2, MAX_PULL_INTERVAL_S)
+            waited = time.monotonic() - started
+            time.sleep(min(max(PULL_INTERVAL_FRACTION * waited, MIN_PULL_INTERVAL_S), MAX_PULL_INTERVAL_S))
     results: list[tuple[ClientProxy, FitRes | EvaluateRes]] = []
     failures: list[BaseException] = [TimeoutError(f"no reply within {timeout} s") for _ in pending]
     for message_id, reply in replies.items():
