@@ -154,7 +154,6 @@ class ConfigSection:
         return {_join(prefix, spec.name): getattr(self, spec.attr) for spec in self.key_specs()}
 
 
-
 @functools.cache  # every message of every client parses the run config: read the type hints once
 def _key_specs(cls: type) -> tuple[KeySpec, ...]:
     hints = typing.get_type_hints(cls)
