@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -71,6 +72,15 @@ def _parser() -> argparse.ArgumentParser:
     experiment.add_argument("file", type=Path)
     experiment.add_argument("--out", type=Path, help="output root (default results/<experiment name>)")
     experiment.add_argument("--engine", choices=ENGINES, help="override the file's engine")
+    experiment.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse runs whose directory holds a finished summary of the same config",
+    )
+    experiment.add_argument(
+        "--only", action="append", metavar="LABEL", help="run only this label (repeatable)"
+    )
+    experiment.add_argument("--seeds", type=int, nargs="+", help="these seeds instead of the file's")
 
     datasets = sub.add_parser("datasets", help="list registered datasets: kind, accepting methods, files")
     datasets.add_argument("--markdown", action="store_true", help="a markdown table (as in README.md)")
@@ -151,8 +161,11 @@ def _command(args: argparse.Namespace) -> int:
         return exit_code(summary)
     else:
         experiment = load_experiment(args.file)
+        if args.seeds:
+            experiment = dataclasses.replace(experiment, seeds=list(args.seeds))
         out_root = args.out or Path("results") / experiment.name
-        run_experiment(experiment, out_root, engine=args.engine)
+        only = set(args.only) if args.only else None
+        run_experiment(experiment, out_root, engine=args.engine, resume=args.resume, only=only)
         print((out_root / "table.md").read_text())
         print(f"wrote {out_root / 'table.md'}")
     return 0

@@ -90,28 +90,61 @@ def load_experiment(path: Path) -> Experiment:
     )
 
 
+def run_dir(out_root: Path, label: str, seed: int) -> Path:
+    """The output directory of one run x seed."""
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
+    return out_root / f"{slug}-s{seed}"
+
+
+def finished_summary(out_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run's summary if it finished with metrics and this very configuration, else None."""
+    path = out_dir / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # a half-written or foreign file: run it again
+    same = all(summary.get("config", {}).get(key) == value for key, value in overrides.items())
+    finished = summary.get("status") in ("completed", "converged", "degraded")
+    return summary if finished and summary.get("metrics") and same else None
+
+
 def run_experiment(
     experiment: Experiment,
     out_root: Path,
     *,
     engine: str | None = None,
+    resume: bool = False,
+    only: set[str] | None = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Execute every run x seed; returns label -> list of summaries. Writes table.md and results.json."""
+    """Execute every run x seed; returns label -> list of summaries. Writes table.md and results.json.
+
+    `resume`: a run x seed whose directory already holds a finished summary of the same configuration is
+    reused, so a sweep of hour-long runs can be interrupted and restarted. `only`: these labels alone.
+    """
+    if only and (unknown := sorted(only - {spec.label for spec in experiment.runs})):
+        raise ExperimentError(f"--only {unknown[0]!r}: no run with that label in '{experiment.name}'")
     results: dict[str, list[dict[str, Any]]] = {}
     for spec in experiment.runs:
+        if only and spec.label not in only:
+            continue
         for seed in experiment.seeds:
-            slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in spec.label)
-            out_dir = out_root / f"{slug}-s{seed}"
+            out_dir = run_dir(out_root, spec.label, seed)
             overrides = build_overrides({**spec.overrides, "seed": seed}, out_dir)
-            summary = execute(overrides, engine or experiment.engine, quiet=True)
+            summary = finished_summary(out_dir, overrides) if resume else None
+            reused = summary is not None
+            if summary is None:
+                summary = execute(overrides, engine or experiment.engine, quiet=True)
             if summary.get("status") == "failed":
                 raise RunError(f"run '{spec.label}' seed {seed} failed: {summary.get('status_reason')}")
             results.setdefault(spec.label, []).append(summary)
             shown = "  ".join(f"{m}={100 * summary['metrics'][m]:.2f}" for m in experiment.metrics)
-            seconds = summary["wall_seconds"]
+            seconds = "reused" if reused else f"{summary['wall_seconds']:.1f} s"
             status = "" if summary.get("status") in ("completed", "converged") else f"  [{summary['status']}]"
-            progress(f"[{experiment.name}] {spec.label} seed={seed}: {shown}  ({seconds:.1f} s){status}")
+            progress(f"[{experiment.name}] {spec.label} seed={seed}: {shown}  ({seconds}){status}")
+    out_root.mkdir(parents=True, exist_ok=True)
     table = results_table(experiment, results)
     (out_root / "table.md").write_text(table + "\n")
     (out_root / "results.json").write_text(json.dumps(results, indent=2))

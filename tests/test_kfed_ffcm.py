@@ -17,7 +17,7 @@ from fedapp.inprocess import run_inprocess
 from fedapp.local_data import load_run_dataset
 from fedapp.methods.ffcm import FFCMConfig
 from fedapp.server_app import server_fn
-from simulation.experiments import load_experiment, run_experiment
+from simulation.experiments import ExperimentError, load_experiment, run_experiment
 from simulation.runner import build_overrides, execute
 from strategies.ffcm import centres_from_sums
 
@@ -244,3 +244,22 @@ def test_experiment_file_runs_every_seed_and_writes_a_table(tmp_path: Path) -> N
     assert "| k-FED |" in table and "NMI (paper)" in table and "70.00" in table
     assert json.loads((tmp_path / "out" / "results.json").read_text()).keys() == {"k-FED"}
     assert (tmp_path / "out" / "k-FED-s1" / "summary.json").exists()
+
+
+def test_experiment_resume_reuses_finished_runs_and_only_selects_rows(tmp_path: Path) -> None:
+    spec = tmp_path / "two.toml"
+    spec.write_text(
+        '[experiment]\nname = "two"\nengine = "inprocess"\nseeds = [0]\nmetrics = ["nmi"]\n'
+        '[defaults]\ndataset = "digits"\nnum-clients = 3\n'
+        '[[runs]]\nlabel = "a"\nmethod = "kfed"\n[[runs]]\nlabel = "b"\nmethod = "kfed"\nkfed.local-k = 12\n'
+    )
+    experiment, out = load_experiment(spec), tmp_path / "out"
+    first: list[str] = []
+    run_experiment(experiment, out, resume=True, only={"a"}, progress=first.append)
+    assert len(first) == 1 and "reused" not in first[0] and not (out / "b-s0").exists()
+    again: list[str] = []
+    results = run_experiment(experiment, out, resume=True, progress=again.append)
+    assert "reused" in again[0] and "reused" not in again[1]  # row a is reused, row b runs
+    assert results["b"][0]["config"]["kfed.local-k"] == 12
+    with pytest.raises(ExperimentError, match="'c'"):
+        run_experiment(experiment, out, resume=True, only={"c"})

@@ -28,7 +28,7 @@ PAPER_TABLE4 = {  # kappa of clients 1..10 in the paper's Table 4 (p = 0)
 
 
 def load_results(root: Path) -> dict[str, list[dict[str, Any]]]:
-    """label -> the summaries of its seeds, as `simulation.ccfc.sweep` wrote them."""
+    """label -> the summaries of its seeds, as `simulation experiment` wrote them."""
     return json.loads((root / "results.json").read_text())
 
 
