@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import pickle
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
@@ -62,27 +62,34 @@ class ClientReply:
     metrics: dict[str, Scalar] = field(default_factory=dict)
 
 
-def consistent_replies(replies: list[ClientReply], server_round: int, axis: int = 1) -> list[ClientReply]:
-    """Keep replies whose first array has the most common size along `axis` (the feature dimension).
+def keep_modal(
+    replies: list[ClientReply], server_round: int, value_of: Callable[[ClientReply], Any], what: str
+) -> list[ClientReply]:
+    """Keep the replies whose `value_of` (a dimension, an image shape) is the most common one.
 
-    Used where the server cannot know the dimension in advance (a first round): one client with a wrong
-    shape is rejected instead of breaking the concatenation of everyone's arrays.
+    Used where the server cannot know that value in advance (a first round): one client with a wrong
+    shape is rejected instead of breaking the concatenation of everyone's arrays. Ties go to the smallest
+    value, so the outcome never depends on the order replies arrived in.
     """
-    sizes = [reply.arrays[0].shape[axis] for reply in replies]
-    values, counts = np.unique(sizes, return_counts=True)
-    modal = values[counts.argmax()]
-    kept = [reply for reply, size in zip(replies, sizes, strict=True) if size == modal]
-    for reply, size in zip(replies, sizes, strict=True):
-        if size != modal:
+    values = [value_of(reply) for reply in replies]
+    modal = _modal(values)
+    for reply, value in zip(replies, values, strict=True):
+        if value != modal:
             log(
                 WARNING,
-                "round %d: rejected reply from client %s: dimension %d, others %d",
+                "round %d: rejected client %s: %s %s, others %s",
                 server_round,
                 reply.cid,
-                size,
+                what,
+                value,
                 modal,
             )
-    return kept
+    return [reply for reply, value in zip(replies, values, strict=True) if value == modal]
+
+
+def consistent_replies(replies: list[ClientReply], server_round: int, axis: int = 1) -> list[ClientReply]:
+    """`keep_modal` on the size of the first array along `axis` (the feature dimension)."""
+    return keep_modal(replies, server_round, lambda reply: int(reply.arrays[0].shape[axis]), "dimension")
 
 
 class ClusteringStrategy(Strategy):

@@ -14,7 +14,6 @@ centroids stay as they were.
 
 from __future__ import annotations
 
-from collections import Counter
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from fedapp.methods.ccfc import (
 from fedapp.metrics import clustering_metrics, decode_table
 from fedapp.protocol import ArraySpec, ReplyError
 from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
-from strategies.base import ClientReply, ClusteringStrategy
+from strategies.base import ClientReply, ClusteringStrategy, keep_modal
 
 MODEL_FILE = "global_model.npz"  # the final global model and centroids (for simulation/ccfc analyses)
 
@@ -152,19 +151,11 @@ class CCFCStrategy(ClusteringStrategy):
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         if self.phases.get(server_round) != SETUP:
             return replies
-        shapes = [tuple(int(r.metrics[key]) for key in SHAPE_KEYS) for r in replies]
-        modal, _ = Counter(shapes).most_common(1)[0]
-        for reply, shape in zip(replies, shapes, strict=True):
-            if shape != modal:
-                log(
-                    INFO,
-                    "round %d: rejected client %s: image shape %s, others %s",
-                    server_round,
-                    reply.cid,
-                    shape,
-                    modal,
-                )
-        return [reply for reply, shape in zip(replies, shapes, strict=True) if shape == modal]
+
+        def image_shape(reply: ClientReply) -> tuple[int, ...]:
+            return tuple(int(reply.metrics[key]) for key in SHAPE_KEYS)
+
+        return keep_modal(replies, server_round, image_shape, "image shape")
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
         if self.phases[server_round] == SETUP:

@@ -79,7 +79,7 @@ from fedapp.torch_glue import (
     state_schema,
     weighted_average,
 )
-from strategies.base import ClientReply, ClusteringStrategy, FederationError
+from strategies.base import ClientReply, ClusteringStrategy, FederationError, keep_modal
 
 
 def weighted_gradient(gradients: list[list[np.ndarray]], batch_sizes: list[int]) -> list[np.ndarray]:
@@ -164,19 +164,8 @@ class GFedNTMStrategy(ClusteringStrategy):
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         if self.training:
             return replies
-        dims = [reply.metrics.get("context-dim") for reply in replies]
-        modal = max(set(dims), key=lambda dim: (dims.count(dim), -int(dim or 0)))
-        for reply, dim in zip(replies, dims, strict=True):
-            if dim != modal:
-                log(
-                    WARNING,
-                    "round %d: rejected client %s: context-dim %r, others %r",
-                    server_round,
-                    reply.cid,
-                    dim,
-                    modal,
-                )
-        return [reply for reply, dim in zip(replies, dims, strict=True) if dim == modal]
+        dim = "context-dim"
+        return keep_modal(replies, server_round, lambda reply: int(reply.metrics[dim]), dim)
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
         if not self.training:

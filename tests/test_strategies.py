@@ -256,6 +256,16 @@ def test_a_reply_of_another_dimension_is_left_out_of_round_one(
     np.testing.assert_array_equal(_centres(parameters), _centres(reference))
 
 
+def test_the_majority_filter_does_not_depend_on_arrival_order() -> None:
+    """Two shapes, two replies each: the smaller wins, whichever arrived first (CCFC once kept the first)."""
+    replies = [
+        strategies.base.ClientReply(str(i), i, [np.zeros((3, dim))], 3) for i, dim in enumerate((7, 5, 7, 5))
+    ]
+    for order in (replies, replies[::-1]):
+        kept = strategies.base.consistent_replies(order, server_round=1)
+        assert sorted(reply.cid for reply in kept) == ["1", "3"]
+
+
 def test_undecodable_parameters_are_rejected(tmp_path: Path) -> None:
     garbage = FitRes(
         status=Status(Code.OK, ""),
