@@ -7,12 +7,15 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans, nearest_centre
+from fedapp.methods.kfed import KFedConfig
 
 
-def local_centres(X: np.ndarray, k_local: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def local_centres(
+    X: np.ndarray, k_local: int, seed: int, restarts: int = 10
+) -> tuple[np.ndarray, np.ndarray]:
     """Local k-means with k' = min(k_local, n) centres; returns (centres, counts per centre)."""
     k_eff = min(k_local, X.shape[0])
-    centres, labels = kmeans(X, k_eff, seed)
+    centres, labels = kmeans(X, k_eff, seed, n_init=restarts)
     counts = np.bincount(labels, minlength=k_eff).astype(np.int64)
     return centres, counts
 
@@ -22,7 +25,8 @@ class KFedClient(ClusteringClient):
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         k_local = int(config.get("local-k", 0)) or self.k
-        centres, counts = local_centres(self.data.features, k_local, self.seed)
+        restarts = self.cfg.params(KFedConfig).local_restarts
+        centres, counts = local_centres(self.data.features, k_local, self.seed, restarts)
         return [centres, counts], self.data.n_samples, self.identity_metrics()
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:

@@ -74,6 +74,14 @@ def test_local_centres_are_seeded() -> None:
     np.testing.assert_array_equal(first[1], again[1])
 
 
+def test_local_restarts_key_sets_the_local_kmeans_restarts(tmp_path: Path) -> None:
+    """`kfed.local-restarts` reaches the client's k-means; fewer restarts cost less and still cluster."""
+    one = _run(tmp_path, "r1", method="kfed", **{"kfed.local-restarts": 1})
+    ten = _run(tmp_path, "r10", method="kfed")
+    assert one["config"]["kfed.local-restarts"] == 1 and ten["config"]["kfed.local-restarts"] == 10
+    assert one["metrics"] != ten["metrics"] and one["metrics"]["nmi"] > 0.5
+
+
 # ----------------------------------------------------------------------------------------- FCM maths
 @pytest.mark.parametrize("m", [1.1, 1.5, 2.0, 3.0])
 def test_fcm_memberships_are_a_distribution_matching_bezdek(m: float) -> None:

@@ -10,3 +10,6 @@ from fedapp.config_keys import ConfigSection, config_key
 @dataclass(frozen=True)
 class KFedConfig(ConfigSection):
     local_k: int = config_key(0, ge=0, doc="local k-means centres k' per client; 0 = k")
+    local_restarts: int = config_key(
+        10, ge=1, doc="k-means++ restarts of the local k-means, best kept (each costs one k-means)"
+    )
