@@ -7,7 +7,8 @@
 
 Each run label of the experiment is one point; runs are grouped into lines by their method. `--x` names
 the run-config key on the x axis (`rho` reads the size ratio a:b of partition size-ratio as ρ = 1..4 for
-6:4 .. 9:1, and IID as ρ = 0).
+6:4 .. 9:1, and IID as ρ = 0). A method with a single point (e.g. FSTC-STC in the λ sweep, which has no
+λ) is drawn as a dashed reference line.
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ def main() -> None:
     for axis, metric in zip(axes, ("acc", "nmi"), strict=True):
         for method, points in series(results, args.x, metric).items():
             xs, means, stds = zip(*points, strict=True)
-            axis.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=method)
+            if len(points) == 1:  # a row that does not vary with x (an ablation): a reference line
+                colour = f"C{len(axis.lines) + 2}"
+                axis.axhline(means[0], linestyle="--", linewidth=1, color=colour, label=method)
+            else:
+                axis.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=method)
         axis.set_xlabel("ρ" if args.x == "rho" else args.x)
         axis.set_ylabel(f"{metric.upper()} (%)")
         if args.log_x:
