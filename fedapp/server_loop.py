@@ -183,8 +183,8 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
 
 
 # ------------------------------------------------------------------------------------ batched exchange
-MIN_PULL_INTERVAL_S = 0.002  # first re-poll after pushing a round's messages
-MAX_PULL_INTERVAL_S = 0.1  # polling backs off to this while clients compute
+MIN_PULL_INTERVAL_S = 0.002  # shortest wait between pulls (the first ones after a push)
+MAX_PULL_INTERVAL_S = 0.1  # longest wait between pulls, however long clients compute
 PULL_INTERVAL_FRACTION = 0.05  # re-poll after 5 % of the time waited so far: late replies cost <= 5 %
 
 

@@ -58,13 +58,13 @@ def main() -> None:
     results = json.loads(args.results.read_text())
     figure, axes = plt.subplots(1, 2, figsize=(8, 3.2))
     for axis, metric in zip(axes, ("acc", "nmi"), strict=True):
-        for method, points in series(results, args.x, metric).items():
+        for index, (method, points) in enumerate(series(results, args.x, metric).items()):
             xs, means, stds = zip(*points, strict=True)
+            colour = f"C{index}"  # the same method has the same colour in both panels
             if len(points) == 1:  # a row that does not vary with x (an ablation): a reference line
-                colour = f"C{len(axis.lines) + 2}"
                 axis.axhline(means[0], linestyle="--", linewidth=1, color=colour, label=method)
             else:
-                axis.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=method)
+                axis.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=colour, label=method)
         axis.set_xlabel("ρ" if args.x == "rho" else args.x)
         axis.set_ylabel(f"{metric.upper()} (%)")
         if args.log_x:
