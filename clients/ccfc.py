@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from flwr.common import Array, ArrayRecord, NDArrays, Scalar
 from torch import nn
-from torch.nn.functional import cosine_similarity, normalize, one_hot
+from torch.nn.functional import cosine_similarity, cross_entropy, normalize, one_hot
 
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans
@@ -57,6 +57,20 @@ def negative_cosine(prediction: torch.Tensor, target: torch.Tensor) -> torch.Ten
 def simsiam_loss(p1: torch.Tensor, z1: torch.Tensor, p2: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     """Symmetric SimSiam loss of two views, D(p1, z2)/2 + D(p2, z1)/2 (pre-training; SCFC)."""
     return 0.5 * negative_cosine(p1, z2) + 0.5 * negative_cosine(p2, z1)
+
+
+def info_nce_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SimCLR's NT-Xent: each view must pick its partner out of the 2B - 2 other views of the batch.
+
+    Cross-entropy over cosine similarities / `temperature`, both directions; the negatives are the
+    client's own other samples, so nothing extra leaves it. Gradients flow through both views.
+    """
+    batch = len(z1)
+    unit = normalize(torch.cat([z1, z2]), dim=1)
+    logits = unit @ unit.T / temperature
+    logits = logits.masked_fill(torch.eye(2 * batch, dtype=torch.bool, device=logits.device), float("-inf"))
+    partner = torch.cat([torch.arange(batch, 2 * batch), torch.arange(batch)]).to(logits.device)
+    return cross_entropy(logits, partner)
 
 
 def model_contrastive_loss(p_local: torch.Tensor, p_global: torch.Tensor) -> torch.Tensor:
@@ -114,19 +128,24 @@ def local_centroids(z: torch.Tensor, k: int, seed: int) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------ objectives
 @dataclass
-class SimSiamObjective:
-    """Pre-training (and SCFC's second phase): SimSiam on two augmented views + lambda * R (Eq. 5)."""
+class SampleContrastiveObjective:
+    """Pre-training (and SCFC's second phase): a sample-contrastive loss on two augmented views,
+    SimSiam (the paper) or InfoNCE (`temperature` set), + lambda * R (Eq. 5)."""
 
     augmenter: ViewAugmenter
     generator: torch.Generator
     reference: nn.Module | None  # the frozen global model; None: no model-contrastive term
     lam: float
+    temperature: float | None = None  # None: SimSiam; a float: InfoNCE at this temperature
 
     def __call__(self, model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
         view1, view2 = self.augmenter.two_views(images, self.generator)
         z1, p1 = model(view1)
         z2, p2 = model(view2)
-        sample = simsiam_loss(p1, z1, p2, z2)
+        if self.temperature is None:
+            sample = simsiam_loss(p1, z1, p2, z2)
+        else:
+            sample = info_nce_loss(z1, z2, self.temperature)
         if self.reference is None or self.lam == 0:
             return {"loss": sample, "sample": sample}
         with torch.no_grad():
@@ -309,7 +328,9 @@ class CCFCClient(ClusteringClient):
         lam = self.params.lam if self.params.federated else 0.0  # standalone: no global model to anchor to
         if phase == PRETRAIN or self.params.phase2_loss == "simsiam":
             augmenter = contrastive_augmenter(self.image_shape[0])
-            return SimSiamObjective(augmenter, generator, reference, lam)
+            infonce = phase == PRETRAIN and self.params.pretrain_loss == "infonce"
+            temperature = self.params.temperature if infonce else None
+            return SampleContrastiveObjective(augmenter, generator, reference, lam, temperature)
         if centroids is None:
             raise ValueError("the CCFC phase needs global centroids; the server sent none")
         return ClusterObjective(reference, centroids.to(device), lam, self.params.self_pairs)

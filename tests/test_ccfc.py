@@ -24,6 +24,7 @@ from clients.ccfc import (
     CCFCClient,
     cluster_contrastive_loss,
     cosine_assign,
+    info_nce_loss,
     model_contrastive_loss,
     optimizer_key,
     simsiam_loss,
@@ -126,6 +127,32 @@ def test_simsiam_loss_is_symmetric_and_stops_gradients_at_z() -> None:
     assert z1.grad is None and z2.grad is None and p1.grad is not None
 
 
+def _loop_info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> float:
+    """NT-Xent written per anchor: -log softmax of the partner among the 2B - 1 other views."""
+    views = torch.nn.functional.normalize(torch.cat([z1, z2]), dim=1).tolist()
+    batch, losses = len(z1), []
+    for a, anchor in enumerate(views):
+        partner = (a + batch) % (2 * batch)
+        logits = {
+            b: sum(x * y for x, y in zip(anchor, v, strict=True)) / temperature for b, v in enumerate(views)
+        }
+        log_norm = np.log(sum(np.exp(value) for b, value in logits.items() if b != a))
+        losses.append(log_norm - logits[partner])
+    return float(np.mean(losses))
+
+
+def test_info_nce_matches_the_per_anchor_definition_and_trains_both_views() -> None:
+    generator = torch.Generator().manual_seed(4)
+    z1, z2 = (torch.randn(5, 3, generator=generator, requires_grad=True) for _ in range(2))
+    loss = info_nce_loss(z1, z2, 0.5)
+    assert loss.item() == pytest.approx(_loop_info_nce(z1.detach(), z2.detach(), 0.5), abs=1e-5)
+    loss.backward()
+    assert z1.grad is not None and z2.grad is not None and z1.grad.abs().sum() > 0
+    # matching views score lower than unrelated ones; the result is finite at a tiny temperature
+    assert info_nce_loss(z1, 3 * z1, 0.5).item() < info_nce_loss(z1, z2, 0.5).item()
+    assert torch.isfinite(info_nce_loss(z1, z2, 1e-4))
+
+
 def test_cosine_assign_picks_the_most_similar_centroid_not_the_nearest() -> None:
     centroids = torch.tensor([[1.0, 0.0], [0.0, 10.0]])
     # (0.1, 0.2) is nearest to (1, 0) in Euclidean distance but at a smaller angle to (0, 10)
@@ -219,6 +246,18 @@ def test_client_replies_weights_and_centroids_and_is_reproducible(tmp_path: Path
     assert all(np.array_equal(a, b) for a, b in zip(arrays, again, strict=True))
     labels = _client(_client_context(run_config)).predict(arrays, {})
     assert labels.shape == (n,) and labels.min() >= 0 and labels.max() < 10
+
+
+def test_pretrain_loss_infonce_trains_on_the_contrastive_objective(tmp_path: Path) -> None:
+    config = {"phase": PRETRAIN, "server-round": 2}
+    replies = {}
+    for loss in ("simsiam", "infonce"):
+        run_config = _run_config(tmp_path, **{"ccfc.pretrain-loss": loss})
+        start = _global(parse_run_config(run_config).params(CCFCConfig))
+        replies[loss] = _client(_client_context(run_config)).fit(start, config)
+    # InfoNCE over 2 x 32 views starts near log(63) ~ 4.1; SimSiam's negative cosine is at most 1
+    assert replies["infonce"][2]["train-sample"] > 3 >= 1 >= replies["simsiam"][2]["train-sample"]
+    assert not np.array_equal(replies["infonce"][0][0], replies["simsiam"][0][0])
 
 
 @pytest.mark.parametrize("centroid_model, same", [("global", True), ("local", False)])

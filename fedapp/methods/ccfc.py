@@ -4,7 +4,8 @@
 Round schedule (`server-round` r, P = `pretrain-rounds`):
 - r = 1, ``setup``: clients report their image shape (no arrays); the server builds the initial global
   model from the run seed (Alg. 1 line 1) without holding any data.
-- 2 <= r <= P + 1, ``pretrain``: federated SimSiam (two augmented views) + lambda * model-contrastive term.
+- 2 <= r <= P + 1, ``pretrain``: federated SimSiam (or InfoNCE, `pretrain-loss`) on two augmented views
+  + lambda * model-contrastive term.
 - r > P + 1, ``cluster``: CCFC proper, Eq. 1-8 (pseudo-labels from the global model and centroids).
 So `num-rounds` = 1 + P + (CCFC rounds): the paper's 100 + 30 is num-rounds = 131.
 """
@@ -56,6 +57,13 @@ class CCFCConfig(ConfigSection):
     backbone: str = config_key(
         "auto", choices=BACKBONES, doc="auto: conv for 28x28 gray, conv-small for 8x8, resnet18 for RGB"
     )
+    pretrain_loss: str = config_key(
+        "simsiam",
+        choices=("simsiam", "infonce"),
+        doc="pre-training loss on two augmented views: simsiam (the paper) or infonce (SimCLR, negatives "
+        "from the local batch; ccfc-cpu)",
+    )
+    temperature: float = config_key(0.5, gt=0.0, doc="InfoNCE temperature (pretrain-loss = infonce)")
     phase2_loss: str = config_key(
         "cluster",
         choices=("cluster", "simsiam"),
