@@ -69,7 +69,7 @@ def info_nce_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> tor
     unit = normalize(torch.cat([z1, z2]), dim=1)
     logits = unit @ unit.T / temperature
     logits = logits.masked_fill(torch.eye(2 * batch, dtype=torch.bool, device=logits.device), float("-inf"))
-    partner = torch.cat([torch.arange(batch, 2 * batch), torch.arange(batch)]).to(logits.device)
+    partner = torch.arange(2 * batch, device=logits.device).roll(batch)  # view i pairs with i +- B
     return cross_entropy(logits, partner)
 
 

@@ -256,7 +256,8 @@ def test_pretrain_loss_infonce_trains_on_the_contrastive_objective(tmp_path: Pat
         start = _global(parse_run_config(run_config).params(CCFCConfig))
         replies[loss] = _client(_client_context(run_config)).fit(start, config)
     # InfoNCE over 2 x 32 views starts near log(63) ~ 4.1; SimSiam's negative cosine is at most 1
-    assert replies["infonce"][2]["train-sample"] > 3 >= 1 >= replies["simsiam"][2]["train-sample"]
+    assert replies["infonce"][2]["train-sample"] > 3
+    assert replies["simsiam"][2]["train-sample"] <= 1
     assert not np.array_equal(replies["infonce"][0][0], replies["simsiam"][0][0])
 
 
