@@ -326,9 +326,9 @@ class CCFCClient(ClusteringClient):
         device: torch.device,
     ) -> Objective:
         lam = self.params.lam if self.params.federated else 0.0  # standalone: no global model to anchor to
-        if phase == PRETRAIN or self.params.phase2_loss == "simsiam":
+        if phase == PRETRAIN or self.params.phase2_loss == "sample":
             augmenter = contrastive_augmenter(self.image_shape[0])
-            infonce = phase == PRETRAIN and self.params.pretrain_loss == "infonce"
+            infonce = self.params.pretrain_loss == "infonce"
             temperature = self.params.temperature if infonce else None
             return SampleContrastiveObjective(augmenter, generator, reference, lam, temperature)
         if centroids is None:

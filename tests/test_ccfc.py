@@ -22,6 +22,8 @@ from flwr.common import (
 
 from clients.ccfc import (
     CCFCClient,
+    ClusterObjective,
+    SampleContrastiveObjective,
     cluster_contrastive_loss,
     cosine_assign,
     info_nce_loss,
@@ -289,6 +291,29 @@ def test_standalone_client_keeps_its_model_and_sends_no_arrays(tmp_path: Path) -
     _client(context).fit(marker, {"phase": CLUSTER, "local-centroids": 1, "server-round": 3})
     labels = _client(context).predict(marker, {})
     assert labels.shape == (_client(context).data.n_samples,)
+
+
+@pytest.mark.parametrize(
+    ("phase2_loss", "pretrain_loss", "expected"),
+    [("cluster", "infonce", None), ("sample", "simsiam", "simsiam"), ("sample", "infonce", "infonce")],
+)
+def test_phase2_objective_follows_the_ablation_key(
+    tmp_path: Path, phase2_loss: str, pretrain_loss: str, expected: str | None
+) -> None:
+    """SCFC (phase2-loss = sample) keeps training with the pre-training loss, whichever it is."""
+    run_config = _run_config(
+        tmp_path, **{"ccfc.phase2-loss": phase2_loss, "ccfc.pretrain-loss": pretrain_loss}
+    )
+    client = _client(_client_context(run_config))
+    reference = torch.nn.Identity()
+    objective = client._objective(
+        CLUSTER, reference, torch.eye(10, 16), torch.Generator(), torch.device("cpu")
+    )
+    if expected is None:
+        assert isinstance(objective, ClusterObjective)
+    else:
+        assert isinstance(objective, SampleContrastiveObjective)
+        assert (objective.temperature is None) == (expected == "simsiam")
 
 
 # ----------------------------------------------------------------------------------------- strategy

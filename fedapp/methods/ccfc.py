@@ -66,8 +66,9 @@ class CCFCConfig(ConfigSection):
     temperature: float = config_key(0.5, gt=0.0, doc="InfoNCE temperature (pretrain-loss = infonce)")
     phase2_loss: str = config_key(
         "cluster",
-        choices=("cluster", "simsiam"),
-        doc="loss after pre-training: cluster-contrastive (CCFC) or SimSiam (the SCFC ablation)",
+        choices=("cluster", "sample"),
+        doc="loss after pre-training: cluster-contrastive (CCFC) or sample: the pre-training loss goes on "
+        "(the SCFC ablation)",
     )
     federation: str = config_key(
         "fedavg",
