@@ -32,13 +32,19 @@ def local_embeddings(
     return dataset_embeddings(local.dataset, model, max_length, device)[local.indices]
 
 
+def dataset_augmented_embeddings(
+    data: Dataset, data_dir: str, model: str, max_length: int | None, device: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings of the two SCCL augmented views (see `augmented_views`) of every text, read-only."""
+    return tuple(_embed(data, model, max_length, device, view, data_dir) for view in ("1", "2"))  # type: ignore[return-value]
+
+
 def local_augmented_embeddings(
     local: LocalData, data_dir: str, model: str, max_length: int | None, device: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings of this client's two SCCL augmented views (see `augmented_views`)."""
-    return tuple(  # type: ignore[return-value]
-        _embed(local.dataset, model, max_length, device, view, data_dir)[local.indices] for view in ("1", "2")
-    )
+    """This client's rows of `dataset_augmented_embeddings` (copies)."""
+    views = dataset_augmented_embeddings(local.dataset, data_dir, model, max_length, device)
+    return tuple(view[local.indices] for view in views)  # type: ignore[return-value]
 
 
 def local_augmented_texts(local: LocalData, data_dir: str) -> tuple[list[str], list[str]]:

@@ -1,0 +1,108 @@
+"""How far the frozen encoder can go without federation: a centralized reference for FSTC's frozen mode.
+
+    python -m simulation.fstc.frozen_reference --dataset stackoverflow
+    python -m simulation.fstc.frozen_reference --dataset stackoverflow --views pairs --info-nce 1
+
+One model on the pooled embeddings (no clients, no robust weights, no centre alignment): the frozen-mode
+model of FSTC (residual adapter + linear F, F started as the nearest-k-means-centre classifier), trained
+with cross-entropy on Sinkhorn pseudo-labels (Alg. 1, ε = 0.1, Q = ξ² / row-sum) recomputed every
+`--update-every` steps. `--views pairs` trains on SCCL's two augmented views (labels from the original
+texts), `--info-nce W` adds W x SimCLR's NT-Xent between the two views' representations. It prints ACC /
+NMI of argmax O and of k-means on the representations. It is an analysis on the simulation host (it pools
+every client's embeddings); it bounds what the federated runs can reach with this encoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from torch.nn.functional import log_softmax
+
+from clients.ccfc import info_nce_loss
+from clients.fstc import pseudo_labels
+from fedapp.clustering import kmeans
+from fedapp.datasets.registry import load_dataset
+from fedapp.metrics import clustering_metrics, contingency_table
+from fedapp.models.fstc import ResidualAdapter
+from fedapp.text_features import dataset_augmented_embeddings, dataset_embeddings
+
+MODEL = "all-MiniLM-L6-v2"
+MAX_LENGTH = 32
+
+
+def scores(labels: np.ndarray, truth: np.ndarray, k: int, n_classes: int) -> str:
+    metrics = clustering_metrics(contingency_table(labels, truth, k, n_classes))
+    return f"ACC {100 * metrics['acc']:.2f} NMI {100 * metrics['nmi']:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="stackoverflow")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--views", choices=("original", "pairs"), default="original")
+    parser.add_argument("--info-nce", type=float, default=0.0, help="weight of NT-Xent between the views")
+    parser.add_argument("--temperature", type=float, default=0.5)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--update-every", type=int, default=200, help="steps between pseudo-label updates")
+    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--epsilon", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    data = load_dataset(args.dataset, args.data_dir)
+    k = n_classes = data.n_classes
+    truth = np.asarray(data.y)
+    embeddings = torch.from_numpy(np.array(dataset_embeddings(data, MODEL, MAX_LENGTH, "cpu")))
+    if args.views == "pairs":
+        pair = dataset_augmented_embeddings(data, str(args.data_dir or ""), MODEL, MAX_LENGTH, "cpu")
+        view1, view2 = (torch.from_numpy(np.array(view)) for view in pair)
+    else:
+        view1 = view2 = embeddings
+
+    centres, initial = kmeans(embeddings.numpy(), k, seed=args.seed)
+    print(f"k-means of the embeddings: {scores(initial, truth, k, n_classes)}", flush=True)
+    adapter = ResidualAdapter(embeddings.shape[1], embeddings.shape[1])
+    head = torch.nn.Linear(embeddings.shape[1], k)
+    with torch.no_grad():  # argmax O = the nearest initial centre
+        c = torch.from_numpy(centres).float()
+        head.weight.copy_(2 * c)
+        head.bias.copy_(-(c * c).sum(1))
+    optimizer = torch.optim.Adam([*adapter.parameters(), *head.parameters()], lr=args.lr)
+    targets = torch.nn.functional.one_hot(torch.from_numpy(initial), k).float()
+    started = time.time()
+    for step in range(1, args.steps + 1):
+        batch = torch.from_numpy(rng.choice(len(embeddings), args.batch_size, replace=False))
+        e1, e2 = adapter(view1[batch]), adapter(view2[batch])
+        q = targets[batch]
+        loss = -(q * log_softmax(head(e1), 1)).sum(1).mean() - (q * log_softmax(head(e2), 1)).sum(1).mean()
+        if args.info_nce > 0:
+            loss = loss + args.info_nce * info_nce_loss(e1, e2, args.temperature)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % args.update_every == 0 or step == args.steps:
+            adapter.eval()
+            with torch.no_grad():
+                representations = adapter(embeddings)
+                outputs = head(representations)
+            adapter.train()
+            targets, _ = pseudo_labels(outputs, args.epsilon)
+        if step % 1000 == 0 or step == args.steps:
+            _, km_labels = kmeans(representations.numpy(), k, seed=args.seed, n_init=3)
+            print(
+                f"step {step} ({time.time() - started:.0f} s): argmax O "
+                f"{scores(outputs.argmax(1).numpy(), truth, k, n_classes)}; k-means of E "
+                f"{scores(km_labels, truth, k, n_classes)}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
