@@ -141,3 +141,17 @@ def test_the_runner_gives_fstc_its_41_rounds_unless_told(tmp_path: Path) -> None
     assert build_overrides(base, tmp_path)["num-rounds"] == 41  # 1 initialisation + the paper's 40
     assert build_overrides({**base, "num-rounds": 3}, tmp_path)["num-rounds"] == 3
     assert build_overrides({"method": "kfed", "dataset": "digits"}, tmp_path).get("num-rounds") is None
+
+
+def test_frozen_reference_trains_and_reports_both_clusterings(capsys: pytest.CaptureFixture[str]) -> None:
+    """The centralized ceiling of frozen mode runs on the demo topics and keeps them apart."""
+    from simulation.fstc.frozen_reference import main
+
+    assert (
+        main(["--dataset", "texts-demo", "--steps", "40", "--update-every", "20", "--batch-size", "32"]) == 0
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("k-means of the embeddings: ACC")
+    assert lines[-1].startswith("step 40 (")
+    final_acc = float(lines[-1].split("argmax O ACC ")[1].split()[0])
+    assert final_acc >= 80.0  # four well-separated generated topics
