@@ -5,7 +5,8 @@ python -m simulation.ccfc.figures sweep results/ccfc-lambda --key ccfc.lambda --
         --out docs/ccfc-lambda.png
 python -m simulation.ccfc.figures sweep results/ccfc-dropout --key dropout-rate --out docs/ccfc-dropout.png
 # Table 4: kappa per client and overall, one column per run label
-python -m simulation.ccfc.figures table4 results/ccfc-ablation
+python -m simulation experiment simulation/ccfc/table4.toml --out results/ccfc-table4 --resume
+python -m simulation.ccfc.figures table4 results/ccfc-table4
 """
 
 from __future__ import annotations
