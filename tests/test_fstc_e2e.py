@@ -155,3 +155,23 @@ def test_frozen_reference_trains_and_reports_both_clusterings(capsys: pytest.Cap
     assert lines[-1].startswith("step 40 (")
     final_acc = float(lines[-1].split("argmax O ACC ")[1].split()[0])
     assert final_acc >= 80.0  # four well-separated generated topics
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dataset", "digits"], "has no texts"),
+        (["--dataset", "texts-demo", "--views", "pairs"], "no augmented views"),
+        (["--dataset", "texts-demo", "--batch-size", "100000"], "exceeds the 400 texts"),
+        (["--steps", "0"], "must be >= 1"),
+    ],
+)
+def test_frozen_reference_rejects_bad_input_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulation.fstc.frozen_reference import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stopped.value.code == 2 and message in error

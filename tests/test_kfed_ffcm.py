@@ -254,14 +254,11 @@ def test_experiment_file_runs_every_seed_and_writes_a_table(tmp_path: Path) -> N
     assert (tmp_path / "out" / "k-FED-s1" / "summary.json").exists()
 
 
-SHIPPED_EXPERIMENTS = sorted(
-    path
-    for path in (Path(__file__).resolve().parents[1] / "simulation").rglob("*.toml")
-    if "presets" not in path.parts
-)
+SIMULATION_DIR = Path(__file__).resolve().parents[1] / "simulation"
+SHIPPED_EXPERIMENTS = sorted(path for path in SIMULATION_DIR.rglob("*.toml") if "presets" not in path.parts)
 
 
-@pytest.mark.parametrize("path", SHIPPED_EXPERIMENTS, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", SHIPPED_EXPERIMENTS, ids=lambda path: str(path.relative_to(SIMULATION_DIR)))
 def test_every_shipped_experiment_file_validates(path: Path) -> None:
     """A sweep of hour-long runs must not fail on a typo in its last row: every file we ship loads."""
     experiment = load_experiment(path)

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import torch
-from torch.nn.functional import log_softmax
+from torch.nn.functional import cross_entropy
 
 from clients.ccfc import info_nce_loss
 from clients.fstc import pseudo_labels
@@ -38,6 +38,13 @@ def scores(labels: np.ndarray, truth: np.ndarray, k: int, n_classes: int) -> str
     return f"ACC {100 * metrics['acc']:.2f} NMI {100 * metrics['nmi']:.2f}"
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="stackoverflow")
@@ -45,9 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--views", choices=("original", "pairs"), default="original")
     parser.add_argument("--info-nce", type=float, default=0.0, help="weight of NT-Xent between the views")
     parser.add_argument("--temperature", type=float, default=0.5)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--update-every", type=int, default=200, help="steps between pseudo-label updates")
-    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--steps", type=positive_int, default=2000)
+    parser.add_argument(
+        "--update-every", type=positive_int, default=200, help="steps between pseudo-label updates"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=200)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--epsilon", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
@@ -55,15 +64,20 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    data = load_dataset(args.dataset, args.data_dir)
+    try:  # unknown dataset, missing files, no texts, no augmented views: one line, no traceback
+        data = load_dataset(args.dataset, args.data_dir)
+        embeddings = torch.from_numpy(np.array(dataset_embeddings(data, MODEL, MAX_LENGTH, "cpu")))
+        if args.views == "pairs":
+            pair = dataset_augmented_embeddings(data, str(args.data_dir or ""), MODEL, MAX_LENGTH, "cpu")
+            view1, view2 = (torch.from_numpy(np.array(view)) for view in pair)
+        else:
+            view1 = view2 = embeddings
+    except ValueError as exc:  # DatasetError and EmbeddingError are ValueErrors
+        parser.error(str(exc))
+    if args.batch_size > len(embeddings):
+        parser.error(f"--batch-size {args.batch_size} exceeds the {len(embeddings)} texts of {args.dataset}")
     k = n_classes = data.n_classes
     truth = np.asarray(data.y)
-    embeddings = torch.from_numpy(np.array(dataset_embeddings(data, MODEL, MAX_LENGTH, "cpu")))
-    if args.views == "pairs":
-        pair = dataset_augmented_embeddings(data, str(args.data_dir or ""), MODEL, MAX_LENGTH, "cpu")
-        view1, view2 = (torch.from_numpy(np.array(view)) for view in pair)
-    else:
-        view1 = view2 = embeddings
 
     centres, initial = kmeans(embeddings.numpy(), k, seed=args.seed)
     print(f"k-means of the embeddings: {scores(initial, truth, k, n_classes)}", flush=True)
@@ -79,21 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(1, args.steps + 1):
         batch = torch.from_numpy(rng.choice(len(embeddings), args.batch_size, replace=False))
         e1, e2 = adapter(view1[batch]), adapter(view2[batch])
-        q = targets[batch]
-        loss = -(q * log_softmax(head(e1), 1)).sum(1).mean() - (q * log_softmax(head(e2), 1)).sum(1).mean()
+        loss = cross_entropy(head(e1), targets[batch]) + cross_entropy(head(e2), targets[batch])
         if args.info_nce > 0:
             loss = loss + args.info_nce * info_nce_loss(e1, e2, args.temperature)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if step % args.update_every == 0 or step == args.steps:
+        update = step % args.update_every == 0 or step == args.steps
+        report = step % 1000 == 0 or step == args.steps
+        if update or report:  # one forward pass over all samples serves both
             adapter.eval()
             with torch.no_grad():
                 representations = adapter(embeddings)
                 outputs = head(representations)
             adapter.train()
+        if update:
             targets, _ = pseudo_labels(outputs, args.epsilon)
-        if step % 1000 == 0 or step == args.steps:
+        if report:
             _, km_labels = kmeans(representations.numpy(), k, seed=args.seed, n_init=3)
             print(
                 f"step {step} ({time.time() - started:.0f} s): argmax O "
