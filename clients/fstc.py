@@ -23,7 +23,7 @@ from clients.base import ClusteringClient
 from fedapp.clustering import kmeans
 from fedapp.config import RunConfig
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, FSTCConfig
-from fedapp.models.fstc import FSTCModel, fstc_model
+from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
 from fedapp.text_features import local_augmented_embeddings, local_augmented_texts, local_embeddings
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
@@ -275,13 +275,29 @@ class LocalInputs:
             else None
             for view in self.views
         ]
+        self.tokens: TokenizedTexts | None = None
 
-    def batch(self, indices: np.ndarray, view: int = 0) -> torch.Tensor | list[str]:
+    def tokenize(self, encoder: SentenceEncoder) -> None:
+        """Fine-tune mode: tokenize every view's texts once (view v's sample i is row v * n + i)."""
+        self.tokens = encoder.tokenized([text for view in self.views for text in view])
+
+    def batch(self, indices: np.ndarray, view: int = 0) -> torch.Tensor | list[str] | dict[str, Any]:
         tensor = self.tensors[view]
         if tensor is not None:
             return tensor[torch.as_tensor(indices, device=self.device)]
+        if self.tokens is not None:
+            return self.tokens.rows(np.asarray(indices) + view * self.n)
         texts = self.views[view]
         return [texts[i] for i in indices]
+
+    def joint_batch(
+        self, indices: np.ndarray, views: Sequence[int]
+    ) -> torch.Tensor | list[str] | dict[str, Any]:
+        """The samples `indices` of each of `views`, stacked view after view: one model input."""
+        if self.tokens is not None:
+            return self.tokens.rows(np.concatenate([np.asarray(indices) + v * self.n for v in views]))
+        parts = [self.batch(indices, v) for v in views]
+        return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else [t for part in parts for t in part]
 
 
 @torch.no_grad()
@@ -369,18 +385,19 @@ class LocalUpdate:
         """Eq. 18 on one batch: L_C (Eq. 14, averaged over the augmented views if any) + λ L_A (Eq. 17)."""
         index = torch.as_tensor(indices, device=progress.targets.device)
         targets, batch_weights = progress.targets[index], weights[index]
-        representations, scores = model(inputs.batch(indices, 0))
+        views = list(range(1, len(inputs.views))) if len(inputs.views) > 1 else [0]
+        if model.encoder is not None and views != [0]:
+            # fine-tune mode: one pass of Φ over the batch and its views (a GPU step is launch-bound)
+            size = len(indices)
+            representations, scores = model(inputs.joint_batch(indices, [0, *views]))
+            view_scores = [scores[size * (j + 1) : size * (j + 2)] for j in range(len(views))]
+            representations, scores = representations[:size], scores[:size]
+        else:
+            representations, scores = model(inputs.batch(indices, 0))
+            view_scores = [scores if view == 0 else model(inputs.batch(indices, view))[1] for view in views]
         progress.memory[index] = self.output(scores.detach()).float()
-        views = range(1, len(inputs.views)) if len(inputs.views) > 1 else [0]
         clustering = torch.stack(
-            [
-                weighted_mse(
-                    targets,
-                    self.output(scores if view == 0 else model(inputs.batch(indices, view))[1]),
-                    batch_weights,
-                )
-                for view in views
-            ]
+            [weighted_mse(targets, self.output(view), batch_weights) for view in view_scores]
         ).mean()
         terms = {
             "loss": clustering,
@@ -500,8 +517,14 @@ class FSTCClient(ClusteringClient):
         return LocalInputs(views, self.device)
 
     def build_model(self, inputs: LocalInputs) -> FSTCModel:
+        """The local model; in fine-tune mode also tokenizes `inputs` once with its encoder."""
         dim = inputs.views[0].shape[1] if isinstance(inputs.views[0], np.ndarray) else None
-        return fstc_model(self.params, self.k, dim, self.cfg.embedding_model, self.cfg.device).to(self.device)
+        model = fstc_model(self.params, self.k, dim, self.cfg.embedding_model, self.cfg.device).to(
+            self.device
+        )
+        if model.encoder is not None:
+            inputs.tokenize(model.encoder)
+        return model
 
     # ------------------------------------------------------------------------------------- fit
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:

@@ -115,6 +115,36 @@ def test_fine_tune_mode_trains_the_encoder_on_tiny_inputs() -> None:
     )
 
 
+def test_pretokenized_batches_equal_tokenizing_each_batch() -> None:
+    """Fine-tune mode tokenizes every text once: a batch cut from it (and one pass over stacked views)
+    gives what tokenizing the batch alone and one pass per view give."""
+    import torch
+
+    from clients.fstc import LocalInputs
+    from fedapp.embeddings import DEFAULT_MODEL
+
+    params = parse_run_config(
+        {"method": "fstc", "dataset": "texts-demo", "fstc.encoder": "fine-tune", "fstc.adapter-hidden": 0}
+    )
+    model = fstc_model(params.params(FSTCConfig), 3, None, DEFAULT_MODEL).eval()
+    texts = ["short", "a somewhat longer title about python lists", "sql join", "x " * 60, "git rebase"]
+    views = [texts, [t.upper() for t in texts], [t + " please" for t in texts]]
+    inputs = LocalInputs(views, torch.device("cpu"))
+    inputs.tokenize(model.encoder)
+    indices = np.array([2, 0, 4])
+    alone = model.encoder.tokenize([texts[i] for i in indices])
+    cut = inputs.batch(indices)
+    padded = inputs.tokens.features["input_ids"].shape[1]
+    assert cut["input_ids"].shape[1] < padded  # trimmed to the batch's longest text
+    for name in ("input_ids", "attention_mask"):
+        assert torch.equal(cut[name], alone[name])
+    with torch.no_grad():
+        joint_e, joint_o = model(inputs.joint_batch(indices, [0, 1, 2]))
+        per_view = [model([views[v][i] for i in indices]) for v in range(3)]
+    assert torch.allclose(joint_e, torch.cat([e for e, _ in per_view]), atol=1e-5)
+    assert torch.allclose(joint_o, torch.cat([o for _, o in per_view]), atol=1e-5)
+
+
 def test_client_keeps_alg3_state_between_rounds(tmp_path: Path) -> None:
     """Two training rounds through a rebuilt client: the iteration count and Q survive in context.state."""
     cfg = parse_run_config(

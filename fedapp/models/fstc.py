@@ -1,15 +1,17 @@
 """FSTC's networks: the clustering network F, the residual adapter of frozen mode, and the encoder Φ.
 
 `FSTCModel` maps inputs to (representations E, scores O). Its input is either a batch of cached
-sentence embeddings (frozen mode: no encoder) or a list of texts that the wrapped sentence-transformers
-encoder tokenizes and embeds with gradients (fine-tune mode). Only the adapter, F and — when present —
-the encoder are exchanged; a server and its clients build the same class to agree on the state.
+sentence embeddings (frozen mode: no encoder) or texts — a list, or rows of `TokenizedTexts` tokenized
+once per round — that the wrapped sentence-transformers encoder embeds with gradients (fine-tune mode).
+Only the adapter, F and — when present — the encoder are exchanged; a server and its clients build the
+same class to agree on the state.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -60,16 +62,65 @@ class ClusteringNetwork(nn.Module):
         return self.layers(representations)
 
 
+class TokenizedTexts:
+    """Texts tokenized once, batches cut out of them: the rows of a batch, trimmed to the batch's longest
+    text, are exactly what tokenizing that batch alone gives (right padding).
+
+    Why: on an H100, tokenizing FSTC's 600 texts of a step (200 texts, 3 views) cost 33 ms of CPU, more
+    than the transformer's forward + backward + Adam on them (25 ms).
+    """
+
+    def __init__(self, features: dict[str, Any], device: torch.device, *, trim: bool = True) -> None:
+        self.features = {k: v.to(device) if torch.is_tensor(v) else v for k, v in features.items()}
+        self.device = device
+        mask = features["attention_mask"]
+        self.n = int(mask.shape[0])
+        self.lengths = mask.sum(dim=1).cpu().numpy() if trim else None  # host copy: no GPU sync per batch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def rows(self, indices: Any) -> dict[str, Any]:
+        """The features of rows `indices` (any integer index), as a model input."""
+        index = torch.as_tensor(indices, device=self.device)
+        width = (
+            int(self.lengths[np.asarray(indices)].max()) if self.lengths is not None and len(index) else None
+        )
+        return {
+            k: v[index][:, :width]
+            if torch.is_tensor(v) and v.dim() == 2
+            else v[index]
+            if torch.is_tensor(v)
+            else v
+            for k, v in self.features.items()
+        }
+
+
 class SentenceEncoder(nn.Module):
-    """Φ for fine-tune mode: a sentence-transformers model, texts in, (pooled) embeddings out."""
+    """Φ for fine-tune mode: a sentence-transformers model; texts (or their `TokenizedTexts` rows) in,
+    (pooled) embeddings out."""
 
     def __init__(self, sentence_model: Any) -> None:
         super().__init__()
         self.model = sentence_model  # a SentenceTransformer (an nn.Sequential of its modules)
 
-    def forward(self, texts: list[str]) -> torch.Tensor:
-        features = self.model.tokenize(texts)
-        device = next(self.model.parameters()).device
+    def tokenize(self, texts: list[str]) -> dict[str, Any]:
+        """The model's own tokenization (padding to the longest text, truncation at its max length)."""
+        preprocess = getattr(self.model, "preprocess", None) or self.model.tokenize  # renamed in s-t 6
+        return preprocess(texts)
+
+    def tokenized(self, texts: list[str]) -> TokenizedTexts:
+        """`texts` tokenized once, on the model's device, for `TokenizedTexts.rows` batches."""
+        right_padded = getattr(self.model.tokenizer, "padding_side", "right") == "right"
+        return TokenizedTexts(self.tokenize(texts), self.device, trim=right_padded)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def forward(self, inputs: list[str] | dict[str, Any]) -> torch.Tensor:
+        features = self.tokenize(inputs) if isinstance(inputs, list) else inputs
+        device = self.device
         features = {name: v.to(device) if torch.is_tensor(v) else v for name, v in features.items()}
         return self.model(features)["sentence_embedding"]
 
@@ -92,7 +143,7 @@ class FSTCModel(nn.Module):
         self.adapter = ResidualAdapter(dim, adapter_hidden, dropout)
         self.head = ClusteringNetwork(dim, k, head_hidden)
 
-    def forward(self, inputs: torch.Tensor | list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inputs: torch.Tensor | list[str] | dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         embeddings = inputs if self.encoder is None else self.encoder(inputs)
         representations = self.adapter(embeddings)
         return representations, self.head(representations)
