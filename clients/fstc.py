@@ -290,14 +290,11 @@ class LocalInputs:
         texts = self.views[view]
         return [texts[i] for i in indices]
 
-    def joint_batch(
-        self, indices: np.ndarray, views: Sequence[int]
-    ) -> torch.Tensor | list[str] | dict[str, Any]:
-        """The samples `indices` of each of `views`, stacked view after view: one model input."""
-        if self.tokens is not None:
-            return self.tokens.rows(np.concatenate([np.asarray(indices) + v * self.n for v in views]))
-        parts = [self.batch(indices, v) for v in views]
-        return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else [t for part in parts for t in part]
+    def joint_batch(self, indices: np.ndarray, views: Sequence[int]) -> dict[str, Any]:
+        """The samples `indices` of each of `views`, stacked view after view: one encoder input."""
+        if self.tokens is None:
+            raise ValueError("joint batches are cut from tokenized texts: call tokenize() first")
+        return self.tokens.rows(np.concatenate([np.asarray(indices) + v * self.n for v in views]))
 
 
 @torch.no_grad()
@@ -386,7 +383,7 @@ class LocalUpdate:
         index = torch.as_tensor(indices, device=progress.targets.device)
         targets, batch_weights = progress.targets[index], weights[index]
         views = list(range(1, len(inputs.views))) if len(inputs.views) > 1 else [0]
-        if model.encoder is not None and views != [0]:
+        if inputs.tokens is not None and views != [0]:
             # fine-tune mode: one pass of Φ over the batch and its views (a GPU step is launch-bound)
             size = len(indices)
             representations, scores = model(inputs.joint_batch(indices, [0, *views]))

@@ -74,11 +74,7 @@ class TokenizedTexts:
         self.features = {k: v.to(device) if torch.is_tensor(v) else v for k, v in features.items()}
         self.device = device
         mask = features["attention_mask"]
-        self.n = int(mask.shape[0])
         self.lengths = mask.sum(dim=1).cpu().numpy() if trim else None  # host copy: no GPU sync per batch
-
-    def __len__(self) -> int:
-        return self.n
 
     def rows(self, indices: Any) -> dict[str, Any]:
         """The features of rows `indices` (any integer index), as a model input."""
@@ -86,14 +82,14 @@ class TokenizedTexts:
         width = (
             int(self.lengths[np.asarray(indices)].max()) if self.lengths is not None and len(index) else None
         )
-        return {
-            k: v[index][:, :width]
-            if torch.is_tensor(v) and v.dim() == 2
-            else v[index]
-            if torch.is_tensor(v)
-            else v
-            for k, v in self.features.items()
-        }
+
+        def cut(value: Any) -> Any:  # token tensors are (rows, positions); others pass through
+            if not torch.is_tensor(value):
+                return value
+            rows = value[index]
+            return rows[:, :width] if rows.dim() == 2 else rows
+
+        return {name: cut(value) for name, value in self.features.items()}
 
 
 class SentenceEncoder(nn.Module):
