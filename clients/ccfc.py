@@ -137,32 +137,42 @@ class SampleContrastiveObjective:
     reference: nn.Module | None  # the frozen global model; None: no model-contrastive term
     lam: float
     temperature: float | None = None  # None: SimSiam; a float: InfoNCE at this temperature
+    fit_predictor: bool = False  # InfoNCE: also fit h on stop-gradient views (h alone learns from it)
 
     def __call__(self, model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
         view1, view2 = self.augmenter.two_views(images, self.generator)
         z1, p1 = model(view1)
         z2, p2 = model(view2)
+        terms: dict[str, torch.Tensor] = {}
         if self.temperature is None:
-            sample = simsiam_loss(p1, z1, p2, z2)
+            terms["sample"] = simsiam_loss(p1, z1, p2, z2)
         else:
-            sample = info_nce_loss(z1, z2, self.temperature)
+            terms["sample"] = info_nce_loss(z1, z2, self.temperature)
+            if self.fit_predictor:  # InfoNCE never uses h; the CCFC phase trains through it
+                h = model.predictor
+                terms["predictor"] = simsiam_loss(h(z1.detach()), z1, h(z2.detach()), z2)
+        terms["loss"] = sum(terms.values())
         if self.reference is None or self.lam == 0:
-            return {"loss": sample, "sample": sample}
+            return terms
         with torch.no_grad():
             _, q1 = self.reference(view1)
             _, q2 = self.reference(view2)
-        model_term = 0.5 * model_contrastive_loss(p1, q1) + 0.5 * model_contrastive_loss(p2, q2)
-        return {"loss": sample + self.lam * model_term, "sample": sample, "model": model_term}
+        terms["model"] = 0.5 * model_contrastive_loss(p1, q1) + 0.5 * model_contrastive_loss(p2, q2)
+        terms["loss"] = terms["loss"] + self.lam * terms["model"]
+        return terms
 
 
 @dataclass
 class ClusterObjective:
-    """Eq. 4: cluster-contrastive loss on pseudo-labels (Eq. 3 under the reference model) + lambda * R."""
+    """Eq. 4: cluster-contrastive loss on pseudo-labels (Eq. 3 under the reference model) + lambda * R,
+    optionally + `sample_weight` * a sample-contrastive loss on two augmented views (`sample`)."""
 
     reference: nn.Module  # the frozen global model (standalone: the client's own model at round start)
     centroids: torch.Tensor  # (k, d) global centroids
     lam: float
     self_pairs: bool
+    sample: SampleContrastiveObjective | None = None  # its own lambda is 0: R is counted here once
+    sample_weight: float = 0.0
 
     def __call__(self, model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
         z, p = model(images)
@@ -171,7 +181,12 @@ class ClusterObjective:
         labels = cosine_assign(z_ref, self.centroids)
         cluster = cluster_contrastive_loss(p, z, labels, self_pairs=self.self_pairs)
         model_term = model_contrastive_loss(p, p_ref)
-        return {"loss": cluster + self.lam * model_term, "cluster": cluster, "model": model_term}
+        terms = {"loss": cluster + self.lam * model_term, "cluster": cluster, "model": model_term}
+        if self.sample is not None and self.sample_weight > 0:
+            sample = self.sample(model, images)["sample"]
+            terms["loss"] = terms["loss"] + self.sample_weight * sample
+            terms["sample"] = sample
+        return terms
 
 
 Objective = Callable[[nn.Module, torch.Tensor], dict[str, torch.Tensor]]
@@ -242,7 +257,7 @@ class CCFCClient(ClusteringClient):
             centroids = self._own_centroids(model)  # sat out the round that computed them
         model.to(device)
         reference.to(device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=self.params.lr)
+        optimizer = torch.optim.Adam(model.parameters(), lr=self.params.lr_of(phase))
         if phase == CLUSTER and optimizer_key(PRETRAIN) in state:
             del state[optimizer_key(PRETRAIN)]  # a fresh Adam for the second phase, as the authors' code
         restore_optimizer(state, optimizer_key(phase), optimizer)
@@ -326,14 +341,27 @@ class CCFCClient(ClusteringClient):
         device: torch.device,
     ) -> Objective:
         lam = self.params.lam if self.params.federated else 0.0  # standalone: no global model to anchor to
-        if phase == PRETRAIN or self.params.phase2_loss == "sample":
+
+        def sample_objective(lam: float) -> SampleContrastiveObjective:
             augmenter = contrastive_augmenter(self.image_shape[0])
             infonce = self.params.pretrain_loss == "infonce"
             temperature = self.params.temperature if infonce else None
-            return SampleContrastiveObjective(augmenter, generator, reference, lam, temperature)
+            fit = self.params.fit_predictor
+            return SampleContrastiveObjective(augmenter, generator, reference, lam, temperature, fit)
+
+        if phase == PRETRAIN or self.params.phase2_loss == "sample":
+            return sample_objective(lam)
         if centroids is None:
             raise ValueError("the CCFC phase needs global centroids; the server sent none")
-        return ClusterObjective(reference, centroids.to(device), lam, self.params.self_pairs)
+        weight = self.params.sample_weight
+        return ClusterObjective(
+            reference,
+            centroids.to(device),
+            lam,
+            self.params.self_pairs,
+            sample=sample_objective(0.0) if weight > 0 else None,
+            sample_weight=weight,
+        )
 
     def _own_centroids(self, model: nn.Module) -> torch.Tensor:
         """A standalone client that missed the round that computed its centroids computes them now."""

@@ -32,6 +32,7 @@ from clients.ccfc import (
     simsiam_loss,
 )
 from fedapp.config import RunConfig, parse_run_config
+from fedapp.datasets.augment import contrastive_augmenter
 from fedapp.methods.ccfc import CLUSTER, PRETRAIN, SETUP, SHAPE_KEYS, CCFCConfig, initial_model, phase_of
 from fedapp.models.ccfc import CCFCNet
 from fedapp.torch_glue import FINGERPRINT_KEY, state_arrays, state_schema
@@ -263,6 +264,27 @@ def test_pretrain_loss_infonce_trains_on_the_contrastive_objective(tmp_path: Pat
     assert not np.array_equal(replies["infonce"][0][0], replies["simsiam"][0][0])
 
 
+def test_fit_predictor_trains_only_the_predictor_on_stop_gradient_views(tmp_path: Path) -> None:
+    """fit-predictor adds D(h(sg z1), sg z2)/2 + D(h(sg z2), sg z1)/2: h learns, f's gradient is unchanged."""
+    params = parse_run_config(_run_config(tmp_path, **{"ccfc.pretrain-loss": "infonce"})).params(CCFCConfig)
+    grads, images = {}, torch.rand(16, *DIGITS_SHAPE)
+    for fit in (False, True):
+        model = initial_model(params, DIGITS_SHAPE, 0)
+        objective = SampleContrastiveObjective(
+            contrastive_augmenter(1), torch.Generator().manual_seed(3), None, 0.0, 0.5, fit
+        )
+        terms = objective(model, images)
+        terms["loss"].backward()
+        grads[fit] = {name: p.grad for name, p in model.named_parameters()}
+        assert ("predictor" in terms) == fit
+    assert all(grads[False][n] is None for n in grads[False] if n.startswith("predictor."))
+    for name, grad in grads[True].items():
+        if name.startswith("predictor."):
+            assert grad is not None and grad.abs().sum() > 0
+        else:
+            torch.testing.assert_close(grad, grads[False][name], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("centroid_model, same", [("global", True), ("local", False)])
 def test_centroid_model_global_clusters_the_received_model(
     tmp_path: Path, centroid_model: str, same: bool
@@ -314,6 +336,33 @@ def test_phase2_objective_follows_the_ablation_key(
     else:
         assert isinstance(objective, SampleContrastiveObjective)
         assert (objective.temperature is None) == (expected == "simsiam")
+
+
+def test_sample_weight_adds_the_pretraining_loss_to_eq4_and_phase2_lr_sets_the_ccfc_optimizer(
+    tmp_path: Path,
+) -> None:
+    """sample-weight mu: the CCFC phase minimises Eq. 4 + mu * InfoNCE; phase2-lr is its Adam's rate."""
+    run_config = _run_config(
+        tmp_path, **{"ccfc.sample-weight": 0.5, "ccfc.pretrain-loss": "infonce", "ccfc.phase2-lr": 1e-4}
+    )
+    client = _client(_client_context(run_config))
+    params = client.params
+    assert (params.lr_of(PRETRAIN), params.lr_of(CLUSTER)) == (params.lr, 1e-4)
+    model, reference = (initial_model(params, DIGITS_SHAPE, seed) for seed in (0, 1))
+    images = torch.rand(12, 1, 8, 8)
+    objective = client._objective(
+        CLUSTER, reference.eval(), torch.randn(10, 16), torch.Generator().manual_seed(0), torch.device("cpu")
+    )
+    assert isinstance(objective, ClusterObjective) and objective.sample is not None
+    assert objective.sample.lam == 0.0  # R is counted once, in Eq. 4
+    terms = objective(model, images)
+    expected = terms["cluster"] + params.lam * terms["model"] + 0.5 * terms["sample"]
+    torch.testing.assert_close(terms["loss"], expected)
+    assert terms["sample"].item() > 0  # InfoNCE over 24 views is at least log(1) and positive here
+    plain = _client(_client_context(_run_config(tmp_path)))._objective(
+        CLUSTER, reference, torch.randn(10, 16), torch.Generator(), torch.device("cpu")
+    )
+    assert plain.sample is None and "sample" not in plain(model, images)
 
 
 # ----------------------------------------------------------------------------------------- strategy

@@ -45,6 +45,9 @@ class CCFCConfig(ConfigSection):
     lr: float = config_key(
         1e-3, gt=0.0, doc="Adam learning rate (one optimizer per client, kept across rounds)"
     )
+    phase2_lr: float = config_key(
+        0.0, ge=0.0, doc="Adam learning rate of the CCFC phase (its optimizer starts fresh); 0 = lr"
+    )
     batch_size: int = config_key(128, ge=2, doc="local mini-batch size")
     local_steps: int = config_key(
         0,
@@ -64,11 +67,22 @@ class CCFCConfig(ConfigSection):
         "from the local batch; ccfc-cpu)",
     )
     temperature: float = config_key(0.5, gt=0.0, doc="InfoNCE temperature (pretrain-loss = infonce)")
+    fit_predictor: bool = config_key(
+        False,
+        doc="pretrain-loss = infonce: also fit the predictor h on stop-gradient views (SimSiam's D), "
+        "so the CCFC phase, whose loss reaches the encoder through h, starts from a trained h",
+    )
     phase2_loss: str = config_key(
         "cluster",
         choices=("cluster", "sample"),
         doc="loss after pre-training: cluster-contrastive (CCFC) or sample: the pre-training loss goes on "
         "(the SCFC ablation)",
+    )
+    sample_weight: float = config_key(
+        0.0,
+        ge=0.0,
+        doc="CCFC phase: + this weight * the pre-training loss on two augmented views, which keeps "
+        "pseudo-label errors from reshaping the representation (0: Eq. 4 alone, the paper)",
     )
     federation: str = config_key(
         "fedavg",
@@ -96,6 +110,10 @@ class CCFCConfig(ConfigSection):
     @property
     def federated(self) -> bool:
         return self.federation == "fedavg"
+
+    def lr_of(self, phase: str) -> float:
+        """The Adam learning rate of a phase (`phase2-lr` overrides `lr` in the CCFC phase)."""
+        return self.phase2_lr if phase == CLUSTER and self.phase2_lr > 0 else self.lr
 
 
 def phase_of(server_round: int, pretrain_rounds: int) -> str:
