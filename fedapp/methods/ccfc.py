@@ -68,9 +68,10 @@ class CCFCConfig(ConfigSection):
     )
     temperature: float = config_key(0.5, gt=0.0, doc="InfoNCE temperature (pretrain-loss = infonce)")
     fit_predictor: bool = config_key(
-        False,
+        True,
         doc="pretrain-loss = infonce: also fit the predictor h on stop-gradient views (SimSiam's D), "
-        "so the CCFC phase, whose loss reaches the encoder through h, starts from a trained h",
+        "so the CCFC phase, whose loss reaches the encoder through h, starts from a trained h "
+        "(false: h learns only from the model-contrastive term)",
     )
     phase2_loss: str = config_key(
         "cluster",
