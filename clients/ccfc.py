@@ -342,15 +342,14 @@ class CCFCClient(ClusteringClient):
     ) -> Objective:
         lam = self.params.lam if self.params.federated else 0.0  # standalone: no global model to anchor to
 
-        def sample_objective(lam: float) -> SampleContrastiveObjective:
+        def sample_objective(lam: float, fit: bool) -> SampleContrastiveObjective:
             augmenter = contrastive_augmenter(self.image_shape[0])
             infonce = self.params.pretrain_loss == "infonce"
             temperature = self.params.temperature if infonce else None
-            fit = self.params.fit_predictor
             return SampleContrastiveObjective(augmenter, generator, reference, lam, temperature, fit)
 
         if phase == PRETRAIN or self.params.phase2_loss == "sample":
-            return sample_objective(lam)
+            return sample_objective(lam, self.params.fit_predictor)
         if centroids is None:
             raise ValueError("the CCFC phase needs global centroids; the server sent none")
         weight = self.params.sample_weight
@@ -359,7 +358,7 @@ class CCFCClient(ClusteringClient):
             centroids.to(device),
             lam,
             self.params.self_pairs,
-            sample=sample_objective(0.0) if weight > 0 else None,
+            sample=sample_objective(0.0, False) if weight > 0 else None,  # Eq. 1 trains h here
             sample_weight=weight,
         )
 

@@ -355,6 +355,7 @@ def test_sample_weight_adds_the_pretraining_loss_to_eq4_and_phase2_lr_sets_the_c
     )
     assert isinstance(objective, ClusterObjective) and objective.sample is not None
     assert objective.sample.lam == 0.0  # R is counted once, in Eq. 4
+    assert not objective.sample.fit_predictor  # Eq. 1 trains h in this phase
     terms = objective(model, images)
     expected = terms["cluster"] + params.lam * terms["model"] + 0.5 * terms["sample"]
     torch.testing.assert_close(terms["loss"], expected)
