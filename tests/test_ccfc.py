@@ -349,7 +349,7 @@ def test_sample_weight_adds_the_pretraining_loss_to_eq4_and_phase2_lr_sets_the_c
     params = client.params
     assert (params.lr_of(PRETRAIN), params.lr_of(CLUSTER)) == (params.lr, 1e-4)
     model, reference = (initial_model(params, DIGITS_SHAPE, seed) for seed in (0, 1))
-    images = torch.rand(12, 1, 8, 8)
+    images = torch.rand(12, *DIGITS_SHAPE)
     objective = client._objective(
         CLUSTER, reference.eval(), torch.randn(10, 16), torch.Generator().manual_seed(0), torch.device("cpu")
     )
