@@ -570,3 +570,29 @@ def test_ccfc_completes_with_half_the_clients_sitting_out_each_round(tmp_path: P
     for round_number in ("2", "3", "4"):
         record = summary["participation"][round_number]
         assert len(record["dropped"]) == 2 and len(record["accepted"]) == 3  # round(0.5 * 5) = 2 sit out
+
+
+def test_fit_predictor_leaves_sample_contrastive_runs_without_lambda_unchanged(tmp_path: Path) -> None:
+    """SCFC with lambda = 0 never sends a gradient through h, so fitting h changes h and nothing else:
+    the README reuses those ablation columns across the option, and this is why that is sound."""
+    scfc = {
+        "ccfc.pretrain-loss": "infonce",
+        "ccfc.phase2-loss": "sample",
+        "ccfc.lambda": 0.0,
+        "ccfc.backbone": "conv-small",
+        "num-rounds": 5,
+        "ccfc.pretrain-rounds": 2,
+    }
+    runs = {}
+    for fit in (True, False):
+        out = tmp_path / f"fit-{fit}"
+        summary = _digits_run(out, **scfc, **{"ccfc.fit-predictor": fit})
+        runs[fit] = (summary, np.load(out / "global_model.npz"))
+    (with_fit, model_with), (without, model_without) = runs[True], runs[False]
+    assert with_fit["metrics"] == without["metrics"]
+    predictor = [name for name in model_with.files if "predictor" in name]
+    encoder = [name for name in model_with.files if name not in predictor and name != "centroids"]
+    assert predictor and encoder
+    assert all(np.array_equal(model_with[name], model_without[name]) for name in encoder)
+    assert np.array_equal(model_with["centroids"], model_without["centroids"])
+    assert not all(np.array_equal(model_with[name], model_without[name]) for name in predictor)
