@@ -3,8 +3,10 @@
 This is an analysis of the final global model, not part of the federated protocol: it loads the model a
 run saved (`global_model.npz`), encodes the whole dataset in one place (pooling every client's samples,
 which a real federation could not do) and fits a kNN classifier on the MNIST training images' representations
-(the first 60,000), scoring it on the 10,000 test images, as the paper's Table 3 does. Raw pixels are the
-reference row. Representations are the L2-normalised z = f(x), so Euclidean neighbours are cosine neighbours.
+(the first 60,000), scoring it on the 10,000 test images, as the paper's Table 3 does. Every run is scored
+on the full dataset, whatever subsample (`max-samples`) it trained on, so runs of different seeds share one
+split. Raw pixels are the reference row. Representations are the L2-normalised z = f(x), so Euclidean
+neighbours are cosine neighbours.
 
     python -m simulation.ccfc.representations --run CCFC=results/ccfc-cpu --run SCFC=results/scfc \
         --tsne docs/ccfc-tsne.png
@@ -19,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from sklearn.manifold import TSNE
-from sklearn.neighbors import KNeighborsClassifier
+from sklearn.neighbors import NearestNeighbors
 
 from clients.ccfc import encode
 from fedapp.config import parse_run_config
@@ -37,12 +39,10 @@ PAPER_TABLE3 = {  # Table 3, percent
 
 
 def load_run(run_dir: Path) -> tuple[torch.nn.Module, Dataset]:
-    """The final global model of a run and the dataset it ran on (as its summary.json configures)."""
+    """The final global model of a run and the *whole* dataset it ran on (its subsample is ignored)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg = parse_run_config(summary["config"])
-    dataset = load_dataset(
-        cfg.dataset, resolve_data_dir(cfg.data_dir or None), seed=cfg.seed, max_samples=cfg.max_samples
-    )
+    dataset = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None), seed=cfg.seed)
     saved = np.load(run_dir / MODEL_FILE)
     model = build_model(cfg.params(CCFCConfig), tuple(summary["image_shape"]))
     model.load_state_dict(
@@ -67,11 +67,19 @@ def representations(model: torch.nn.Module, dataset: Dataset) -> np.ndarray:
 def knn_accuracy(
     features: np.ndarray, labels: np.ndarray, train: np.ndarray, test: np.ndarray
 ) -> dict[int, float]:
-    """Test accuracy (percent) of a k-nearest-neighbour vote for every k in KNN_KS."""
+    """Test accuracy (percent) of a k-nearest-neighbour majority vote for every k in KNN_KS.
+
+    One neighbour search for the largest k serves every k; a tied vote goes to the smallest label, as in
+    scikit-learn's KNeighborsClassifier.
+    """
+    index = NearestNeighbors(n_neighbors=max(KNN_KS), algorithm="brute").fit(features[train])
+    neighbours = labels[train][index.kneighbors(features[test], return_distance=False)]
+    n_classes = int(labels.max()) + 1
     scores = {}
     for k in KNN_KS:
-        knn = KNeighborsClassifier(n_neighbors=k, algorithm="brute").fit(features[train], labels[train])
-        scores[k] = 100.0 * float((knn.predict(features[test]) == labels[test]).mean())
+        votes = np.zeros((len(test), n_classes), dtype=np.int64)
+        np.add.at(votes, (np.arange(len(test))[:, None], neighbours[:, :k]), 1)
+        scores[k] = 100.0 * float((votes.argmax(axis=1) == labels[test]).mean())
     return scores
 
 
@@ -118,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     dataset = None
     features: dict[str, np.ndarray] = {}
     for name, run_dir in runs.items():
-        model, dataset = load_run(Path(run_dir))
+        model, run_dataset = load_run(Path(run_dir))
+        if dataset is not None and run_dataset.name != dataset.name:
+            parser.error(f"--run {name}: dataset {run_dataset.name!r}, the others ran on {dataset.name!r}")
+        dataset = run_dataset
         features[name] = representations(model, dataset)
     assert dataset is not None
     features = {"Raw pixels": dataset.unit_images().reshape(dataset.n_samples, -1), **features}

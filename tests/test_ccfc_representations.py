@@ -1,0 +1,51 @@
+"""The Table 3 analysis script: kNN votes as scikit-learn's, every run scored on the full dataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from sklearn.neighbors import KNeighborsClassifier
+
+from simulation.ccfc.representations import KNN_KS, knn_accuracy, load_run, main
+from simulation.runner import build_overrides, execute
+
+
+def test_knn_accuracy_matches_scikit_learn_for_every_k_tied_votes_included() -> None:
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(600, 4))
+    labels = rng.integers(0, 4, size=600)  # mostly noise, so even k often ties the vote
+    labels[:300] = (features[:300, 0] > 0).astype(int) + 2 * (features[:300, 1] > 0)  # and a signal
+    train, test = np.arange(450), np.arange(450, 600)
+    ours = knn_accuracy(features, labels, train, test)
+    for k in KNN_KS:
+        reference = KNeighborsClassifier(n_neighbors=k, algorithm="brute").fit(features[train], labels[train])
+        assert ours[k] == 100.0 * float((reference.predict(features[test]) == labels[test]).mean())
+
+
+def test_runs_on_a_subsample_are_scored_on_the_whole_dataset(tmp_path: Path) -> None:
+    overrides = {
+        "method": "ccfc",
+        "dataset": "digits",
+        "num-clients": 3,
+        "num-rounds": 3,
+        "max-samples": 600,
+        "ccfc.pretrain-rounds": 1,
+        "ccfc.batch-size": 64,
+        "ccfc.kmeans-samples": 200,
+    }
+    for seed in (0, 1):
+        execute(
+            build_overrides({**overrides, "seed": seed}, tmp_path / f"s{seed}"),
+            engine="inprocess",
+            quiet=True,
+        )
+    _, dataset = load_run(tmp_path / "s0")
+    assert dataset.n_samples == 1797  # not the 600 it trained on
+    out = tmp_path / "knn.json"
+    assert main(["--run", f"A={tmp_path / 's0'}", "--run", f"B={tmp_path / 's1'}", "--out", str(out)]) == 0
+    scores = json.loads(out.read_text())
+    assert set(scores) == {"Raw pixels", "A", "B"}
+    assert scores["Raw pixels"]["3"] > 90  # digits' pixels are easy; a mismatched split scores ~10
+    assert all(10 < scores[run]["3"] <= 100 for run in ("A", "B"))
