@@ -164,7 +164,9 @@ def fstc_model(
 
     sentence_model = load_sentence_model(embedding_model, resolve_device(device), params.max_length)
     encoder = SentenceEncoder(sentence_model)
-    dim = sentence_model.get_sentence_embedding_dimension()
+    # sentence-transformers 6 renamed the method (the old name warns there); 3.x-5.x have only the old one
+    dimension_of = getattr(sentence_model, "get_embedding_dimension", None)
+    dim = dimension_of() if dimension_of else sentence_model.get_sentence_embedding_dimension()
     return FSTCModel(
         dim,
         k,
