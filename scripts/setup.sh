@@ -8,7 +8,14 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $PYTHON"
   "$PYTHON" -m venv .venv
 fi
+# Exact versions from constraints.txt (reproducible numerics); FEDAPP_CONSTRAINTS= (empty) skips them.
+CONSTRAINTS=${FEDAPP_CONSTRAINTS-constraints.txt}
+PIN=()
+if [ -n "$CONSTRAINTS" ]; then
+  [ -f "$CONSTRAINTS" ] || { echo "[setup] constraints file '$CONSTRAINTS' not found" >&2; exit 2; }
+  PIN=(-c "$CONSTRAINTS")
+fi
 # torch first and pinned: flwr's and sentence-transformers' requirements would otherwise pull a newer build.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" "torch==2.14.1" "torchvision==0.29.1"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" -e ".[dev]"
 echo "[setup] ready: $(.venv/bin/python -c 'import flwr, torch, sklearn; print(f"flwr {flwr.__version__}, torch {torch.__version__}, scikit-learn {sklearn.__version__}")')"
