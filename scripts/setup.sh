@@ -2,18 +2,19 @@
 # Create or update the virtual environment at .venv/ and install fedapp with its dependencies.
 # Idempotent: a second run only checks what is installed.
 set -euo pipefail
+# Exact versions from constraints.txt (reproducible numerics); FEDAPP_CONSTRAINTS= (empty) skips them, a
+# path of your own (relative to where you call this script) replaces them. Checked before anything is built.
+PIN=()
+if [ -n "${FEDAPP_CONSTRAINTS-x}" ]; then
+  CONSTRAINTS=${FEDAPP_CONSTRAINTS:-"$(dirname "$0")/../constraints.txt"}
+  [ -f "$CONSTRAINTS" ] || { echo "[setup] constraints file '$CONSTRAINTS' not found" >&2; exit 2; }
+  PIN=(-c "$(cd "$(dirname "$CONSTRAINTS")" && pwd)/$(basename "$CONSTRAINTS")")
+fi
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $PYTHON"
   "$PYTHON" -m venv .venv
-fi
-# Exact versions from constraints.txt (reproducible numerics); FEDAPP_CONSTRAINTS= (empty) skips them.
-CONSTRAINTS=${FEDAPP_CONSTRAINTS-constraints.txt}
-PIN=()
-if [ -n "$CONSTRAINTS" ]; then
-  [ -f "$CONSTRAINTS" ] || { echo "[setup] constraints file '$CONSTRAINTS' not found" >&2; exit 2; }
-  PIN=(-c "$CONSTRAINTS")
 fi
 # torch first and pinned: flwr's and sentence-transformers' requirements would otherwise pull a newer build.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" "torch==2.14.1" "torchvision==0.29.1"
