@@ -9,6 +9,9 @@
     [config.cefmc]
     mm-factor = 1.0
 
+A preset may name `extends = "OTHER"` under [preset]: it starts from OTHER's values (same method) and its
+own [config] wins, so a variant states only what it changes.
+
 `python -m simulation run --preset NAME` applies a preset under the command line's own options (those
 win); `python -m simulation methods` lists the presets of each method.
 """
@@ -40,8 +43,10 @@ def available_presets() -> dict[str, Preset]:
     return {path.stem: load_preset(path.stem) for path in sorted(PRESETS_DIR.glob("*.toml"))}
 
 
-def load_preset(name: str) -> Preset:
+def load_preset(name: str, _chain: tuple[str, ...] = ()) -> Preset:
     """Read and validate one preset; an unknown name lists the known ones."""
+    if name in _chain:
+        raise ConfigError(f"preset '{name}' extends itself: {' -> '.join((*_chain, name))}")
     path = PRESETS_DIR / f"{name}.toml"
     if not path.is_file():
         known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
@@ -55,6 +60,14 @@ def load_preset(name: str) -> Preset:
     if not isinstance(method, str):
         raise ConfigError(f"preset file {path}: [preset] needs a method")
     overrides = {**flatten_dict(doc.get("config", {})), "method": method}
+    base_name = head.get("extends")
+    if base_name is not None:
+        base = load_preset(str(base_name), (*_chain, name))
+        if base.method != method:
+            raise ConfigError(
+                f"preset '{name}' ({method}) extends '{base.name}', a preset for '{base.method}'"
+            )
+        overrides = {**base.overrides, **overrides}
     try:
         parse_run_config(overrides, cross_checks=False)  # the dataset may come from the command line
     except ConfigError as exc:

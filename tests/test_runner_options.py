@@ -51,6 +51,32 @@ def test_preset_errors() -> None:
         load_preset("nope")
 
 
+def test_a_preset_extends_another_and_states_only_what_it_changes(tmp_path: Path, monkeypatch) -> None:
+    import simulation.presets as presets
+
+    (tmp_path / "base.toml").write_text(
+        '[preset]\nmethod = "cefmc"\ndescription = "b"\n'
+        "[config]\nnum-rounds = 7\n[config.cefmc]\nmm-factor = 2.0\n"
+    )
+    (tmp_path / "variant.toml").write_text(
+        '[preset]\nmethod = "cefmc"\nextends = "base"\ndescription = "v"\n[config.cefmc]\nmm-factor = 3.0\n'
+    )
+    (tmp_path / "loop.toml").write_text('[preset]\nmethod = "cefmc"\nextends = "loop"\n')
+    (tmp_path / "other.toml").write_text('[preset]\nmethod = "kfed"\nextends = "base"\n')
+    monkeypatch.setattr(presets, "PRESETS_DIR", tmp_path)
+    variant = presets.load_preset("variant")
+    assert variant.overrides == {"method": "cefmc", "num-rounds": 7, "cefmc.mm-factor": 3.0}
+    with pytest.raises(ConfigError, match="extends itself: loop -> loop"):
+        presets.load_preset("loop")
+    with pytest.raises(ConfigError, match="extends 'base', a preset for 'cefmc'"):
+        presets.load_preset("other")
+
+
+def test_ccfc_cpu_hetero_is_ccfc_cpu_with_lambda_1_and_global_centroids() -> None:
+    base, hetero = load_preset("ccfc-cpu").overrides, load_preset("ccfc-cpu-hetero").overrides
+    assert hetero == {**base, "ccfc.lambda": 1.0, "ccfc.centroid-model": "global"}
+
+
 # -------------------------------------------------------------------------------------- resources
 def test_client_resources_map_to_flowers_federation_config() -> None:
     assert ClientResources(cpus=1, gpus=0.1).federation_config(10) == (
