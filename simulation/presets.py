@@ -62,7 +62,10 @@ def load_preset(name: str, _chain: tuple[str, ...] = ()) -> Preset:
     overrides = {**flatten_dict(doc.get("config", {})), "method": method}
     base_name = head.get("extends")
     if base_name is not None:
-        base = load_preset(str(base_name), (*_chain, name))
+        try:
+            base = load_preset(str(base_name), (*_chain, name))
+        except ConfigError as exc:  # name the preset that points at the broken one
+            raise ConfigError(f"preset '{name}' extends '{base_name}': {exc}") from None
         if base.method != method:
             raise ConfigError(
                 f"preset '{name}' ({method}) extends '{base.name}', a preset for '{base.method}'"

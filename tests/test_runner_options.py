@@ -63,6 +63,7 @@ def test_a_preset_extends_another_and_states_only_what_it_changes(tmp_path: Path
     )
     (tmp_path / "loop.toml").write_text('[preset]\nmethod = "cefmc"\nextends = "loop"\n')
     (tmp_path / "other.toml").write_text('[preset]\nmethod = "kfed"\nextends = "base"\n')
+    (tmp_path / "dangling.toml").write_text('[preset]\nmethod = "cefmc"\nextends = "gone"\n')
     monkeypatch.setattr(presets, "PRESETS_DIR", tmp_path)
     variant = presets.load_preset("variant")
     assert variant.overrides == {"method": "cefmc", "num-rounds": 7, "cefmc.mm-factor": 3.0}
@@ -70,6 +71,8 @@ def test_a_preset_extends_another_and_states_only_what_it_changes(tmp_path: Path
         presets.load_preset("loop")
     with pytest.raises(ConfigError, match="extends 'base', a preset for 'cefmc'"):
         presets.load_preset("other")
+    with pytest.raises(ConfigError, match="preset 'dangling' extends 'gone': unknown preset 'gone'"):
+        presets.load_preset("dangling")
 
 
 def test_ccfc_cpu_hetero_is_ccfc_cpu_with_lambda_1_and_global_centroids() -> None:
