@@ -178,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     timing = run.summary["timing"]
                     per_round = run.seconds_per_round
-                    if per_round is None:  # one-shot: round 1 without the wait for nodes to connect
-                        first = timing["1"]
-                        per_round = first["round_s"] - first.get("server_configure_s", 0.0)
+                    if per_round is None:  # one-shot: its round 1 (`round_s` never holds the wait for nodes)
+                        per_round = timing["1"]["round_s"]
                     row = {
                         "method": f"{method} mnist (scale)",
                         "clients": clients,

@@ -282,3 +282,29 @@ def test_experiment_resume_reuses_finished_runs_and_only_selects_rows(tmp_path: 
     assert results["b"][0]["config"]["kfed.local-k"] == 12
     with pytest.raises(ExperimentError, match="'c'"):
         run_experiment(experiment, out, resume=True, only={"c"})
+
+
+def test_small_kmeans_runs_on_one_thread_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_info
+
+    from fedapp import clustering
+
+    seen: list[int] = []
+    fit = KMeans.fit
+
+    def spy(self: KMeans, *args: object, **kwargs: object) -> KMeans:
+        openmp = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "openmp"]
+        seen.append(max(openmp, default=1))
+        return fit(self, *args, **kwargs)
+
+    X = np.random.default_rng(0).normal(size=(300, 8))
+    before = [p["num_threads"] for p in threadpool_info()]
+    monkeypatch.setattr(KMeans, "fit", spy)
+    centres, labels = clustering.kmeans(X, 4, seed=3)
+    assert seen == [1]
+    assert [p["num_threads"] for p in threadpool_info()] == before  # the limit is lifted afterwards
+    monkeypatch.setattr(KMeans, "fit", fit)
+    reference = KMeans(n_clusters=4, n_init=10, random_state=3).fit(X)
+    np.testing.assert_array_equal(labels, reference.labels_)
+    np.testing.assert_allclose(centres, reference.cluster_centers_, rtol=1e-12, atol=1e-12)

@@ -3,6 +3,7 @@
 import itertools
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 import strategies.base
@@ -595,3 +597,48 @@ def test_eval_every_evaluates_on_its_cadence_and_after_the_last_round(
 def test_auto_eval_every_keeps_about_ten_evaluations(tmp_path: Path, num_rounds: int, interval: int) -> None:
     cfg = _cfg(tmp_path, method="ffcm", **{"num-rounds": num_rounds})
     assert cfg.eval_every == 0 and cfg.evaluation_interval == interval
+
+
+# ------------------------------------------------------------------------------ waiting for clients
+class _LateManager(SimpleClientManager):
+    """Clients connect one at a time, each time the manager is asked how many there are."""
+
+    def __init__(self, cids: list[str]) -> None:
+        super().__init__()
+        self.pending = list(cids)
+
+    def num_available(self) -> int:
+        if self.pending:
+            self.register(mock_proxy(self.pending.pop(0)))
+        return super().num_available()
+
+
+def test_waiting_for_clients_returns_as_soon_as_they_are_there() -> None:
+    manager = _LateManager(["a", "b", "c"])
+    started = time.perf_counter()
+    assert strategies.base.wait_for_clients(manager, 3, timeout=30.0)
+    assert time.perf_counter() - started < 1.0  # Flower's wait_for slept until its 5 s poll
+    assert manager.num_available() == 3
+
+
+def test_waiting_for_clients_that_never_come_gives_up_at_the_timeout() -> None:
+    manager = mock_manager(["a"])
+    started = time.perf_counter()
+    assert not strategies.base.wait_for_clients(manager, 2, timeout=0.3)
+    assert 0.3 <= time.perf_counter() - started < 1.5
+
+
+def test_the_wait_for_clients_is_booked_apart_from_the_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def slow_wait(manager: Any, wanted: int, timeout: float) -> bool:
+        time.sleep(0.2)
+        return True
+
+    monkeypatch.setattr(strategies.base, "wait_for_clients", slow_wait)
+    strategy = KFedStrategy(_cfg(tmp_path))
+    manager = mock_manager(["a", "b", "c"])
+    strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
+    record = strategy.timing[1]
+    assert record["node_wait_s"] >= 0.2
+    assert record["server_configure_s"] < 0.1  # the configure itself, without the wait
