@@ -53,6 +53,9 @@ class FSTCConfig(ConfigSection):
     lr_head: float = config_key(
         5e-4, gt=0.0, doc="Adam learning rate of the clustering network F and adapter"
     )
+    lr_adapter: float = config_key(
+        0.0, ge=0.0, doc="Adam learning rate of frozen mode's adapter; 0 = lr-head's"
+    )
     adapter_hidden: int = config_key(
         384, ge=0, doc="hidden units of the residual adapter on the encoder output; 0 = no adapter"
     )
