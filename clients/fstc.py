@@ -25,6 +25,7 @@ from fedapp.config import RunConfig
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, FSTCConfig
 from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
 from fedapp.text_features import local_augmented_embeddings, local_augmented_texts, local_embeddings
+from fedapp.threads import one_blas_thread
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
     ClientStateError,
@@ -525,9 +526,10 @@ class FSTCClient(ClusteringClient):
 
     # ------------------------------------------------------------------------------------- fit
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        if config.get("phase") == PHASE_INIT:
-            return self.initial_reply(), self.data.n_samples, self.identity_metrics()
-        return self.train_round(list(parameters), config)
+        with one_blas_thread():  # the mixture's N x K products: threads cost more than they save
+            if config.get("phase") == PHASE_INIT:
+                return self.initial_reply(), self.data.n_samples, self.identity_metrics()
+            return self.train_round(list(parameters), config)
 
     def initial_reply(self) -> NDArrays:
         """Alg. 2 line 2: what the server clusters into the initial global centres."""
@@ -603,7 +605,8 @@ class FSTCClient(ClusteringClient):
     def optimizer(self, model: FSTCModel) -> torch.optim.Optimizer:
         """Adam with the paper's two learning rates: Φ's encoder and the rest (adapter and F)."""
         groups = [
-            {"params": [*model.adapter.parameters(), *model.head.parameters()], "lr": self.params.lr_head}
+            {"params": list(model.head.parameters()), "lr": self.params.lr_head},
+            {"params": list(model.adapter.parameters()), "lr": self.params.lr_adapter or self.params.lr_head},
         ]
         if model.encoder is not None:
             groups.append({"params": list(model.encoder.parameters()), "lr": self.params.lr_encoder})

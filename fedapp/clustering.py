@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 from sklearn.cluster import KMeans
-from threadpoolctl import ThreadpoolController
+
+from fedapp.threads import one_blas_thread, one_openmp_thread
 
 # Below this many entries (n_samples x n_features) scikit-learn's OpenMP threads cost more than they save:
 # one thread made a 700 x 784 MNIST client's k-means (10 restarts) 2.5x faster on 2 cores (0.31 -> 0.12 s)
 # and was still faster at 3,000 x 784; at 5,000 x 784 two threads win. Ray clients already run with
 # OMP_NUM_THREADS=1; this is what the in-process engine and the server (k-FED's merge) gain.
 SINGLE_THREAD_BELOW = 3_000_000
-
-
-@cache
-def _threadpools() -> ThreadpoolController:
-    """Inspecting the loaded thread pools costs ~3 ms; limiting through one controller costs ~10 us."""
-    return ThreadpoolController()
 
 
 def squared_distances(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
@@ -43,7 +36,7 @@ def kmeans(
         raise ValueError(f"k-means needs 1 <= k <= n_samples, got k={k}, n_samples={X.shape[0]}")
     model = KMeans(n_clusters=k, n_init=n_init, random_state=seed)
     if X.size < SINGLE_THREAD_BELOW:  # not thread-safe across concurrent calls; the engines call it serially
-        with _threadpools().limit(limits=1, user_api="openmp"):
+        with one_openmp_thread(), one_blas_thread():
             model.fit(X, sample_weight=sample_weight)
     else:
         model.fit(X, sample_weight=sample_weight)

@@ -60,6 +60,26 @@ def test_same_seed_same_result(tmp_path: Path) -> None:
     assert untimed[0] == untimed[1]
 
 
+def test_the_mixture_runs_on_one_blas_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenBLAS threads on the N x K mixture made a contended 2-core run 2.2x slower (fedapp/threads.py)."""
+    from threadpoolctl import threadpool_info
+
+    from clients.fstc import GaussianUniformMixture
+
+    seen: list[int] = []
+    fit = GaussianUniformMixture.fit_responsibilities
+
+    def spy(self: GaussianUniformMixture, *args: Any, **kwargs: Any) -> np.ndarray:
+        seen.append(max((p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"), default=1))
+        return fit(self, *args, **kwargs)
+
+    before = [p["num_threads"] for p in threadpool_info()]
+    monkeypatch.setattr(GaussianUniformMixture, "fit_responsibilities", spy)
+    _run(tmp_path, "threads", **{"num-rounds": 2})
+    assert seen and set(seen) == {1}
+    assert [p["num_threads"] for p in threadpool_info()] == before  # lifted after each client call
+
+
 @pytest.mark.parametrize("method", ["fstc-stc", "fstc-rstc"])
 def test_ablations_run_and_send_no_centres_while_training(tmp_path: Path, method: str) -> None:
     summary = _run(tmp_path, method, method=method, **{"num-rounds": 4})
