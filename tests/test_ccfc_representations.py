@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sklearn.neighbors import KNeighborsClassifier
 
 from simulation.ccfc.representations import KNN_KS, knn_accuracy, load_run, main
@@ -49,3 +50,31 @@ def test_runs_on_a_subsample_are_scored_on_the_whole_dataset(tmp_path: Path) -> 
     assert set(scores) == {"Raw pixels", "A", "B"}
     assert scores["Raw pixels"]["3"] > 90  # digits' pixels are easy; a mismatched split scores ~10
     assert all(10 < scores[run]["3"] <= 100 for run in ("A", "B"))
+
+
+def test_sweep_figure_merges_earlier_points_without_counting_a_run_twice(tmp_path: Path) -> None:
+    from simulation.ccfc.figures import load_points, main, merge_points, sweep_series
+
+    run = {"config": {"p": 0.5, "ccfc.lambda": 1.0, "seed": 0}, "seed": 0}
+    results = {"p=0.5 l=1": [{**run, "metrics": {"nmi": 0.80, "kappa": 0.70, "acc": 0.75}}]}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    csv_path = tmp_path / "points.csv"
+    csv_path.write_text(
+        "# measured earlier\np,ccfc.lambda,seed,nmi,kappa,acc\n"
+        "0.5,1,0,10,10,10\n"  # the same run as results.json: the folder wins
+        "0.5,1,1,70,60,65\n"  # another seed of it: averaged in
+        "1,0.001,0,13,13.02,21.55\n"
+    )
+    merged = merge_points(results, load_points(csv_path, "ccfc.lambda"), "ccfc.lambda")
+    nmi = sweep_series(merged, "ccfc.lambda", "nmi")
+    assert nmi[0.5] == [(1.0, pytest.approx(75.0), pytest.approx(np.std([80, 70], ddof=1)))]
+    assert nmi[1.0] == [(0.001, pytest.approx(13.0), 0.0)]
+    out = tmp_path / "fig.png"
+    assert (
+        main(["sweep", str(tmp_path), "--points", str(csv_path), "--key", "ccfc.lambda", "--out", str(out)])
+        == 0
+    )
+    assert out.stat().st_size > 0
+    csv_path.write_text("p,ccfc.lambda,seed,nmi,kappa,acc\n0.5,one,0,1,1,1\n")
+    with pytest.raises(ValueError, match="points.csv"):
+        load_points(csv_path, "ccfc.lambda")

@@ -4,6 +4,9 @@
 python -m simulation.ccfc.figures sweep results/ccfc-lambda --key ccfc.lambda --log-x \
         --out docs/ccfc-lambda.png
 python -m simulation.ccfc.figures sweep results/ccfc-dropout --key dropout-rate --out docs/ccfc-dropout.png
+# points measured earlier whose run folders are gone: a CSV of them (p, the key, seed, nmi, kappa, acc)
+python -m simulation.ccfc.figures sweep results/ccfc-lambda --points simulation/ccfc/lambda_points.csv \
+        --key ccfc.lambda --log-x --out docs/ccfc-lambda.png
 # Table 4: kappa per client and overall, one column per run label
 python -m simulation experiment simulation/ccfc/table4.toml --out results/ccfc-table4 --resume
 python -m simulation.ccfc.figures table4 results/ccfc-table4
@@ -12,6 +15,7 @@ python -m simulation.ccfc.figures table4 results/ccfc-table4
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import statistics
 from collections import defaultdict
@@ -33,6 +37,36 @@ def load_results(root: Path) -> dict[str, list[dict[str, Any]]]:
     return json.loads((root / "results.json").read_text())
 
 
+def load_points(path: Path, key: str) -> dict[str, list[dict[str, Any]]]:
+    """Summaries rebuilt from a CSV of measured points (columns p, `key`, seed, nmi, kappa, acc; values in
+    percent), for runs whose folders are gone; one label per row, in `load_results`' shape."""
+    points: dict[str, list[dict[str, Any]]] = {}
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(line for line in handle if not line.startswith("#")):
+            try:
+                config = {"p": float(row["p"]), key: float(row[key])}
+                metrics = {m: float(row[m]) / 100 for m in ("nmi", "kappa", "acc")}
+                seed = int(row["seed"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}: row {row} lacks or garbles {exc}") from None
+            points[f"{path.name}:{len(points)}"] = [{"config": config, "metrics": metrics, "seed": seed}]
+    return points
+
+
+def merge_points(
+    results: dict[str, list[dict[str, Any]]], points: dict[str, list[dict[str, Any]]], key: str
+) -> dict[str, list[dict[str, Any]]]:
+    """`results` plus the points of runs it lacks (same p, `key` value and seed: the run folder wins)."""
+
+    def identity(summary: dict[str, Any]) -> tuple[float, float, int]:
+        config = summary["config"]
+        return float(config["p"]), float(config[key]), int(summary.get("seed", config.get("seed", 0)))
+
+    have = {identity(s) for summaries in results.values() for s in summaries}
+    extra = {label: rows for label, rows in points.items() if identity(rows[0]) not in have}
+    return {**results, **extra}
+
+
 def sweep_series(
     results: dict[str, list[dict[str, Any]]], key: str, metric: str
 ) -> dict[float, list[tuple[float, float, float]]]:
@@ -50,14 +84,16 @@ def sweep_series(
     }
 
 
-def sweep_figure(root: Path, key: str, out: Path, *, log_x: bool = False) -> None:
+def sweep_figure(root: Path, key: str, out: Path, *, log_x: bool = False, points: Path | None = None) -> None:
     """NMI and kappa against `key`, one line per p (the paper's Fig. 6 / Fig. 7 layout)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = load_results(root)
+    results = load_results(root) if (root / "results.json").is_file() or points is None else {}
+    if points is not None:
+        results = merge_points(results, load_points(points, key), key)
     fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.0))
     for ax, metric in zip(axes, ("nmi", "kappa"), strict=True):
         for p, series in sweep_series(results, key, metric).items():
@@ -104,11 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--key", required=True, help="run-config key on the x axis, e.g. ccfc.lambda")
     sweep.add_argument("--out", type=Path, required=True)
     sweep.add_argument("--log-x", action="store_true")
+    sweep.add_argument("--points", type=Path, help="CSV of earlier measured points (see load_points)")
     table = sub.add_parser("table4", help="kappa per client and overall (paper Table 4)")
     table.add_argument("root", type=Path)
     args = parser.parse_args(argv)
     if args.command == "sweep":
-        sweep_figure(args.root, args.key, args.out, log_x=args.log_x)
+        sweep_figure(args.root, args.key, args.out, log_x=args.log_x, points=args.points)
         print(f"wrote {args.out}")
     else:
         print(table4(args.root))
