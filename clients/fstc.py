@@ -250,6 +250,39 @@ def cluster_centres(
     return sums / counts.clamp_min(1.0)[:, None], counts
 
 
+class LocalCentres:
+    """Eq. 15 over every local sample while training: C_k = mean of the representations labelled k.
+
+    The batch's own rows carry gradients; the other rows are the latest representation of each sample
+    (refreshed when the sample was last in a batch). Why not the batch's centres: E‖batch mean − C̃_k‖²
+    = ‖C_k − C̃_k‖² + tr(Σ_k) / n_k, so aligning batch centres also rewards shrinking every cluster to a
+    point, which locks in the current pseudo-labels (measured on AgNews, README FSTC).
+    """
+
+    def __init__(self, representations: torch.Tensor, labels: torch.Tensor, k: int) -> None:
+        self.features = representations.detach().clone()
+        self.labels = labels.long()
+        self.k = k
+        one_hot = torch.nn.functional.one_hot(self.labels, k).to(self.features.dtype)
+        self.sums = one_hot.T @ self.features
+        self.counts = one_hot.sum(0)
+
+    def centres(
+        self, representations: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K x D centres differentiable in the batch rows `representations` of samples `index`, counts)."""
+        one_hot = torch.nn.functional.one_hot(self.labels[index], self.k).to(representations.dtype)
+        sums = self.sums - one_hot.T @ self.features[index] + one_hot.T @ representations
+        return sums / self.counts.clamp_min(1.0)[:, None], self.counts
+
+    def update(self, representations: torch.Tensor, index: torch.Tensor) -> None:
+        """After a step: the batch rows' new representations replace their old ones in the sums."""
+        one_hot = torch.nn.functional.one_hot(self.labels[index], self.k).to(self.features.dtype)
+        fresh = representations.detach()
+        self.sums += one_hot.T @ (fresh - self.features[index])
+        self.features[index] = fresh
+
+
 def alignment_loss(local: torch.Tensor, global_centres: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Eq. 17: L_A = ‖C^(μ) - C̃‖² over the clusters this client's batch holds (empty ones have no C_k)."""
     present = (counts > 0).to(local.dtype)
@@ -320,6 +353,7 @@ class Progress:
     memory: torch.Tensor  # the latest O (or softmax O) of every sample, for the mixture (n x K)
     gum: GaussianUniformMixture | None  # None until the first pseudo-label update (r = 1 before)
     dual: torch.Tensor | None = None  # log v of the last Sinkhorn solve (warm start)
+    centres: LocalCentres | None = None  # align-centres = local: Eq. 15 over all samples (not kept)
 
 
 @dataclass
@@ -338,6 +372,7 @@ class LocalUpdate:
     gum_steps: int
     gum_threshold: float
     eval_batch: int
+    align_centres: str = "batch"
 
     def output(self, scores: torch.Tensor) -> torch.Tensor:
         """What Q is compared with (Eq. 8 and 14): O itself, or softmax(O) (`loss-on`)."""
@@ -345,7 +380,7 @@ class LocalUpdate:
 
     def refresh_labels(self, model: FSTCModel, inputs: LocalInputs, progress: Progress) -> dict[str, float]:
         """Alg. 1 over all local samples; the mixture restarts on the new pseudo-labels."""
-        _, scores = forward_all(model, inputs, self.eval_batch)
+        representations, scores = forward_all(model, inputs, self.eval_batch)
         targets, result = pseudo_labels(
             scores,
             self.epsilon,
@@ -356,6 +391,8 @@ class LocalUpdate:
         progress.dual = result.log_v
         progress.targets = targets.float()
         progress.memory = self.output(scores).float()
+        if progress.centres is not None:  # the labels changed: regroup every sample
+            progress.centres = LocalCentres(representations, progress.targets.argmax(1), self.k)
         if self.robust:
             progress.gum = GaussianUniformMixture(steps=self.gum_steps).fit(
                 (progress.targets - progress.memory).cpu().numpy(), reset=True
@@ -403,7 +440,11 @@ class LocalUpdate:
             "kept": (batch_weights > 0).float().mean(),
         }
         if self.align and global_centres is not None and self.lam > 0:
-            centres, counts = cluster_centres(representations, targets.argmax(1), self.k)
+            if progress.centres is not None:  # Eq. 15 over every local sample
+                centres, counts = progress.centres.centres(representations, index)
+                progress.centres.update(representations, index)  # values only: the graph keeps the old
+            else:  # the batch's own centres
+                centres, counts = cluster_centres(representations, targets.argmax(1), self.k)
             aligned = alignment_loss(centres, global_centres, counts)
             terms["loss"] = clustering + self.lam * aligned
             terms["alignment"] = aligned.detach()
@@ -422,6 +463,9 @@ class LocalUpdate:
     ) -> tuple[TrainStats, dict[str, float]]:
         """Alg. 3 lines 1-8 for `steps` local iterations (Q updates on the schedule)."""
         updates: dict[str, float] = {}
+        if self.align and global_centres is not None and self.lam > 0 and self.align_centres == "local":
+            representations, _ = forward_all(model, inputs, self.eval_batch)
+            progress.centres = LocalCentres(representations, progress.targets.argmax(1), self.k)
 
         def batches() -> Iterator[tuple[np.ndarray, torch.Tensor]]:
             for indices in cursor.take(steps):
@@ -495,6 +539,7 @@ class FSTCClient(ClusteringClient):
             gum_steps=self.params.gum_steps,
             gum_threshold=self.params.gum_threshold,
             eval_batch=FROZEN_EVAL_BATCH if frozen else self.params.batch_size,
+            align_centres=self.params.align_centres,
         )
 
     # ------------------------------------------------------------------------------ inputs, model

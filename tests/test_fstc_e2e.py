@@ -5,6 +5,7 @@ client's state across rounds."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,14 @@ def test_dropout_half_the_clients_still_completes(tmp_path: Path) -> None:
     assert summary["stop_reason"] == "final model averaged" and summary["metrics"]["acc"] > 0.5
     sat_out = [record["dropped"] for record in summary["participation"].values()]
     assert all(len(dropped) == 2 for dropped in sat_out)
+
+
+def test_alignment_on_every_local_sample_is_an_option(tmp_path: Path) -> None:
+    summary = _run(tmp_path, "local", **{"num-rounds": 4, "fstc.align-centres": "local", "fstc.lambda": 1.0})
+    assert summary["status"] == "converged" and summary["config"]["fstc.align-centres"] == "local"
+    assert summary["metrics"]["acc"] >= 0.9
+    alignment = [row["train-alignment"] for row in summary["fstc"]["train_per_round"]]
+    assert all(math.isfinite(value) and value >= 0 for value in alignment)
 
 
 def test_init_with_representations_is_an_option(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from sklearn.metrics import roc_auc_score
 
 from clients.fstc import (
     GaussianUniformMixture,
+    LocalCentres,
     alignment_loss,
     cluster_centres,
     label_update_steps,
@@ -180,6 +181,30 @@ def test_cluster_centres_and_alignment_skip_empty_clusters() -> None:
     assert float(loss) == pytest.approx(1.0 + 1.0)  # the empty cluster's (9, 9) does not count
     loss.backward()
     assert reps.grad is not None and torch.isfinite(reps.grad).all()
+
+
+def test_local_centres_are_eq15_over_every_sample_with_gradients_through_the_batch() -> None:
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(30, 4, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 3, (30,), generator=generator)
+    tracker = LocalCentres(features, labels, 3)
+    index = torch.tensor([1, 7, 8, 20])
+    batch = (features[index] + 0.5).requires_grad_(True)  # the batch rows have moved since last seen
+    centres, counts = tracker.centres(batch, index)
+    moved = features.clone()
+    moved[index] = batch.detach()
+    expected, expected_counts = cluster_centres(moved, labels, 3)
+    torch.testing.assert_close(centres, expected)
+    torch.testing.assert_close(counts, expected_counts)
+    centres.sum().backward()  # d C_k / d e_i = 1 / n_k for a batch row i of cluster k, nothing else
+    per_row = 1.0 / expected_counts[labels[index]]
+    torch.testing.assert_close(batch.grad, per_row[:, None].expand(-1, 4).contiguous())
+    tracker.update(batch, index)  # later batches see the new rows; the sums stay exact
+    again, _ = tracker.centres(moved[[3]], torch.tensor([3]))
+    torch.testing.assert_close(again, expected)
+    # one cluster: its centre is the mean of every sample, whichever rows the batch holds
+    spread = LocalCentres(features, torch.zeros(30, dtype=torch.long), 1)
+    assert torch.allclose(spread.centres(features[:5], torch.arange(5))[0], features.mean(0, keepdim=True))
 
 
 def test_sinkhorn_warm_start_reaches_the_same_plan_in_fewer_iterations() -> None:

@@ -24,6 +24,7 @@ ENCODER_MODES = ("frozen", "fine-tune")
 INIT_MODES = ("centres", "representations")
 LOSS_TARGETS = ("scores", "softmax")
 AUGMENTATIONS = ("none", "pairs")
+ALIGN_CENTRES = ("batch", "local")
 
 PHASE_INIT = "init"
 PHASE_TRAIN = "train"
@@ -82,6 +83,11 @@ class FSTCConfig(ConfigSection):
         "none",
         choices=AUGMENTATIONS,
         doc="pairs: L_C on SCCL's two augmented views (needs sccl-augmented/ files)",
+    )
+    align_centres: str = config_key(
+        "batch",
+        choices=ALIGN_CENTRES,
+        doc="C^(mu) in L_A (Eq. 17): the batch's centres, or Eq. 15 over every local sample",
     )
     init: str = config_key(
         "centres",
