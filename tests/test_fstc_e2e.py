@@ -96,9 +96,10 @@ def test_dropout_half_the_clients_still_completes(tmp_path: Path) -> None:
     assert all(len(dropped) == 2 for dropped in sat_out)
 
 
-def test_alignment_on_every_local_sample_is_an_option(tmp_path: Path) -> None:
-    summary = _run(tmp_path, "local", **{"num-rounds": 4, "fstc.align-centres": "local", "fstc.lambda": 1.0})
-    assert summary["status"] == "converged" and summary["config"]["fstc.align-centres"] == "local"
+@pytest.mark.parametrize("centres", ["local", "batch"])
+def test_alignment_on_local_or_batch_centres(tmp_path: Path, centres: str) -> None:
+    summary = _run(tmp_path, centres, **{"num-rounds": 4, "fstc.align-centres": centres, "fstc.lambda": 1.0})
+    assert summary["status"] == "converged" and summary["config"]["fstc.align-centres"] == centres
     assert summary["metrics"]["acc"] >= 0.9
     alignment = [row["train-alignment"] for row in summary["fstc"]["train_per_round"]]
     assert all(math.isfinite(value) and value >= 0 for value in alignment)

@@ -85,9 +85,9 @@ class FSTCConfig(ConfigSection):
         doc="pairs: L_C on SCCL's two augmented views (needs sccl-augmented/ files)",
     )
     align_centres: str = config_key(
-        "batch",
+        "local",
         choices=ALIGN_CENTRES,
-        doc="C^(mu) in L_A (Eq. 17): the batch's centres, or Eq. 15 over every local sample",
+        doc="C^(mu) in L_A (Eq. 17): Eq. 15 over every local sample, or the batch's (the old default)",
     )
     init: str = config_key(
         "centres",
