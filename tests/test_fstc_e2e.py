@@ -227,9 +227,15 @@ def test_frozen_reference_trains_and_reports_both_clusterings(capsys: pytest.Cap
     ],
 )
 def test_frozen_reference_rejects_bad_input_in_one_line(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from simulation.fstc.frozen_reference import main
+
+    monkeypatch.setenv("FEDAPP_DATA_DIR", str(tmp_path))  # a data directory exists even without ../shared
 
     with pytest.raises(SystemExit) as stopped:
         main(argv)
