@@ -372,7 +372,7 @@ class LocalUpdate:
     gum_steps: int
     gum_threshold: float
     eval_batch: int
-    align_centres: str = "local"
+    align_centres: str  # "local" or "batch" (FSTCConfig.align_centres)
 
     def output(self, scores: torch.Tensor) -> torch.Tensor:
         """What Q is compared with (Eq. 8 and 14): O itself, or softmax(O) (`loss-on`)."""
