@@ -78,3 +78,7 @@ def test_sweep_figure_merges_earlier_points_without_counting_a_run_twice(tmp_pat
     csv_path.write_text("p,ccfc.lambda,seed,nmi,kappa,acc\n0.5,one,0,1,1,1\n")
     with pytest.raises(ValueError, match="points.csv"):
         load_points(csv_path, "ccfc.lambda")
+    missing = ["sweep", str(tmp_path), "--points", str(tmp_path / "gone.csv"), "--key", "ccfc.lambda"]
+    with pytest.raises(SystemExit) as stopped:  # argparse's one-line error, exit code 2
+        main([*missing, "--out", str(out)])
+    assert stopped.value.code == 2

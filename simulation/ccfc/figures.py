@@ -145,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument("root", type=Path)
     args = parser.parse_args(argv)
     if args.command == "sweep":
-        sweep_figure(args.root, args.key, args.out, log_x=args.log_x, points=args.points)
+        try:  # a missing or garbled results.json / points CSV: one line, no traceback
+            sweep_figure(args.root, args.key, args.out, log_x=args.log_x, points=args.points)
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(str(exc))
         print(f"wrote {args.out}")
     else:
         print(table4(args.root))
