@@ -15,11 +15,12 @@ import numpy as np
 import torch
 from flwr.common import Array, ArrayRecord, NDArrays, Scalar
 from torch import nn
-from torch.nn.functional import cosine_similarity, cross_entropy, normalize, one_hot
+from torch.nn.functional import cosine_similarity, normalize, one_hot
 
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans
 from fedapp.datasets.augment import ViewAugmenter, contrastive_augmenter
+from fedapp.losses import instance_contrastive_loss
 from fedapp.methods.ccfc import (
     CLUSTER,
     PHASE_KEY,
@@ -65,12 +66,7 @@ def info_nce_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> tor
     Cross-entropy over cosine similarities / `temperature`, both directions; the negatives are the
     client's own other samples, so nothing extra leaves it. Gradients flow through both views.
     """
-    batch = len(z1)
-    unit = normalize(torch.cat([z1, z2]), dim=1)
-    logits = unit @ unit.T / temperature
-    logits = logits.masked_fill(torch.eye(2 * batch, dtype=torch.bool, device=logits.device), float("-inf"))
-    partner = torch.arange(2 * batch, device=logits.device).roll(batch)  # view i pairs with i +- B
-    return cross_entropy(logits, partner)
+    return instance_contrastive_loss(normalize(z1, dim=1), normalize(z2, dim=1), temperature)
 
 
 def model_contrastive_loss(p_local: torch.Tensor, p_global: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """FSCCL client: SCCL's local training (Zhang et al., NAACL 2021) on frozen sentence embeddings, under FedAvg.
 
 Maths (plain functions): `instance_contrastive_loss` (SCCL's instance-CL, NT-Xent over the two views of
-a batch), `dec_targets` and `clustering_kl` (DEC's target distribution and KL objective). The client
+a batch; in `fedapp.losses`, FSTC uses it too), `dec_targets` and `clustering_kl` (DEC's target distribution and KL objective). The client
 trains the global model it is sent for `local-iters` iterations and returns it; round 1 sends local
 k-means centres as FSTC's clients do.
 """
@@ -17,6 +17,7 @@ from flwr.common import Context, NDArrays, Scalar
 from clients.base import ClusteringClient
 from clients.fstc import local_kmeans_summary
 from fedapp.config import RunConfig
+from fedapp.losses import instance_contrastive_loss
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.methods.fstc import PHASE_INIT
 from fedapp.models.fsccl import SCCLModel
@@ -35,16 +36,6 @@ from fedapp.training import BatchCursor, train_steps
 
 STATE_OPTIMIZER, STATE_CURSOR, STATE_RNG = "fsccl.optimizer", "fsccl.cursor", "fsccl.rng"
 EVAL_BATCH = 4096
-
-
-def instance_contrastive_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
-    """NT-Xent: each of the 2B unit vectors must pick its own pair among the other 2B - 1 (SCCL Eq. 1-2)."""
-    z = torch.cat([z1, z2])
-    n = z1.shape[0]
-    similarity = z @ z.T / temperature
-    similarity.fill_diagonal_(float("-inf"))
-    positives = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
-    return torch.nn.functional.cross_entropy(similarity, positives)
 
 
 def dec_targets(q: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from flwr.common import Array, ArrayRecord, ConfigRecord, Context, NDArrays, Sca
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans
 from fedapp.config import RunConfig
+from fedapp.losses import instance_contrastive_loss
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, FSTCConfig
 from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
 from fedapp.text_features import local_augmented_embeddings, local_augmented_texts, local_embeddings
@@ -373,6 +374,8 @@ class LocalUpdate:
     gum_threshold: float
     eval_batch: int
     align_centres: str  # "local" or "batch" (FSTCConfig.align_centres)
+    contrastive: float = 0.0  # weight of SCCL's NT-Xent between the two augmented views
+    temperature: float = 0.5
 
     def output(self, scores: torch.Tensor) -> torch.Tensor:
         """What Q is compared with (Eq. 8 and 14): O itself, or softmax(O) (`loss-on`)."""
@@ -417,7 +420,11 @@ class LocalUpdate:
         weights: torch.Tensor,
         global_centres: torch.Tensor | None,
     ) -> dict[str, torch.Tensor]:
-        """Eq. 18 on one batch: L_C (Eq. 14, averaged over the augmented views if any) + λ L_A (Eq. 17)."""
+        """Eq. 18 on one batch: L_C (Eq. 14, averaged over the augmented views if any) + λ L_A (Eq. 17).
+
+        With `contrastive` > 0 (augmented pairs only) SCCL's instance-wise NT-Xent between the two
+        views' representations is added: the paper's "same augmentation strategy as SCCL".
+        """
         index = torch.as_tensor(indices, device=progress.targets.device)
         targets, batch_weights = progress.targets[index], weights[index]
         views = list(range(1, len(inputs.views))) if len(inputs.views) > 1 else [0]
@@ -425,20 +432,31 @@ class LocalUpdate:
             # fine-tune mode: one pass of Φ over the batch and its views (a GPU step is launch-bound)
             size = len(indices)
             representations, scores = model(inputs.joint_batch(indices, [0, *views]))
-            view_scores = [scores[size * (j + 1) : size * (j + 2)] for j in range(len(views))]
+            view_outputs = [
+                (representations[size * (j + 1) : size * (j + 2)], scores[size * (j + 1) : size * (j + 2)])
+                for j in range(len(views))
+            ]
             representations, scores = representations[:size], scores[:size]
         else:
             representations, scores = model(inputs.batch(indices, 0))
-            view_scores = [scores if view == 0 else model(inputs.batch(indices, view))[1] for view in views]
+            view_outputs = [
+                (representations, scores) if view == 0 else model(inputs.batch(indices, view))
+                for view in views
+            ]
         progress.memory[index] = self.output(scores.detach()).float()
         clustering = torch.stack(
-            [weighted_mse(targets, self.output(view), batch_weights) for view in view_scores]
+            [weighted_mse(targets, self.output(view), batch_weights) for _, view in view_outputs]
         ).mean()
         terms = {
             "loss": clustering,
             "clustering": clustering.detach(),
             "kept": (batch_weights > 0).float().mean(),
         }
+        if self.contrastive > 0 and len(view_outputs) == 2:
+            first, second = (torch.nn.functional.normalize(rep, dim=1) for rep, _ in view_outputs)
+            instance = instance_contrastive_loss(first, second, self.temperature)
+            terms["loss"] = terms["loss"] + self.contrastive * instance
+            terms["contrastive"] = instance.detach()
         if self.align and global_centres is not None and self.lam > 0:
             if progress.centres is not None:  # Eq. 15 over every local sample
                 centres, counts = progress.centres.centres(representations, index)
@@ -446,7 +464,7 @@ class LocalUpdate:
             else:  # the batch's own centres
                 centres, counts = cluster_centres(representations, targets.argmax(1), self.k)
             aligned = alignment_loss(centres, global_centres, counts)
-            terms["loss"] = clustering + self.lam * aligned
+            terms["loss"] = terms["loss"] + self.lam * aligned
             terms["alignment"] = aligned.detach()
         return terms
 
@@ -540,6 +558,8 @@ class FSTCClient(ClusteringClient):
             gum_threshold=self.params.gum_threshold,
             eval_batch=FROZEN_EVAL_BATCH if frozen else self.params.batch_size,
             align_centres=self.params.align_centres,
+            contrastive=self.params.contrastive,
+            temperature=self.params.temperature,
         )
 
     # ------------------------------------------------------------------------------ inputs, model

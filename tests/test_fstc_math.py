@@ -12,6 +12,9 @@ from sklearn.metrics import roc_auc_score
 from clients.fstc import (
     GaussianUniformMixture,
     LocalCentres,
+    LocalInputs,
+    LocalUpdate,
+    Progress,
     alignment_loss,
     cluster_centres,
     label_update_steps,
@@ -20,6 +23,10 @@ from clients.fstc import (
     sinkhorn_log_plan,
     weighted_mse,
 )
+from fedapp.config_keys import ConfigError
+from fedapp.losses import instance_contrastive_loss
+from fedapp.methods.fstc import FSTCConfig
+from fedapp.models.fstc import FSTCModel
 
 
 def _dense_sinkhorn(probs: np.ndarray, epsilon: float, iters: int = 5000) -> np.ndarray:
@@ -218,3 +225,52 @@ def test_sinkhorn_warm_start_reaches_the_same_plan_in_fewer_iterations() -> None
     )
     assert warm.iterations < fresh.iterations
     np.testing.assert_allclose(warm.log_plan.exp().numpy(), fresh.log_plan.exp().numpy(), atol=1e-7)
+
+
+def _update(**overrides: object) -> LocalUpdate:
+    settings: dict[str, object] = dict(
+        k=3,
+        epsilon=0.1,
+        lam=0.0,
+        robust=False,
+        align=False,
+        loss_on="scores",
+        schedule=frozenset(),
+        sinkhorn_iters=100,
+        sinkhorn_tol=1e-6,
+        gum_steps=1,
+        gum_threshold=0.5,
+        eval_batch=64,
+        align_centres="local",
+    )
+    settings.update(overrides)
+    return LocalUpdate(**settings)  # type: ignore[arg-type]
+
+
+def test_contrastive_term_is_sccl_nt_xent_between_the_two_views() -> None:
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    views = [rng.normal(size=(40, 8)).astype(np.float32) for _ in range(3)]
+    inputs = LocalInputs(views, torch.device("cpu"))
+    model = FSTCModel(8, 3, adapter_hidden=8, head_hidden=0)
+    targets = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, 3, 40)), 3).float()
+    progress = Progress(0, targets, torch.zeros(40, 3), None)
+    weights = torch.ones(40)
+    indices = np.arange(10, 30)
+    plain = _update().loss(model, inputs, indices, progress, weights, None)
+    mixed = _update(contrastive=0.7, temperature=0.3).loss(model, inputs, indices, progress, weights, None)
+    assert "contrastive" not in plain
+    rep1, rep2 = (model(torch.as_tensor(views[j][indices]))[0] for j in (1, 2))
+    expected = instance_contrastive_loss(
+        torch.nn.functional.normalize(rep1, dim=1), torch.nn.functional.normalize(rep2, dim=1), 0.3
+    )
+    assert float(mixed["contrastive"]) == pytest.approx(float(expected), rel=1e-6)
+    assert float(mixed["loss"]) == pytest.approx(float(plain["loss"]) + 0.7 * float(expected), rel=1e-6)
+    mixed["loss"].backward()  # the term trains the adapter
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.adapter.parameters())
+
+
+def test_contrastive_needs_augmented_pairs() -> None:
+    with pytest.raises(ConfigError, match="fstc.contrastive.*fstc.augment"):
+        FSTCConfig(contrastive=1.0)
+    assert FSTCConfig(contrastive=1.0, augment="pairs").contrastive == 1.0

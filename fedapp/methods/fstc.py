@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config_keys import ConfigSection, config_key
+from fedapp.config_keys import ConfigError, ConfigSection, config_key
 
 ENCODER_MODES = ("frozen", "fine-tune")
 INIT_MODES = ("centres", "representations")
@@ -84,6 +84,12 @@ class FSTCConfig(ConfigSection):
         choices=AUGMENTATIONS,
         doc="pairs: L_C on SCCL's two augmented views (needs sccl-augmented/ files)",
     )
+    contrastive: float = config_key(
+        0.0,
+        ge=0.0,
+        doc="weight of SCCL's instance-wise NT-Xent between the two augmented views (augment=pairs)",
+    )
+    temperature: float = config_key(0.5, gt=0.0, doc="NT-Xent temperature of `contrastive` (SCCL's 0.5)")
     align_centres: str = config_key(
         "local",
         choices=ALIGN_CENTRES,
@@ -95,3 +101,10 @@ class FSTCConfig(ConfigSection):
         doc="centres: local k-means centres + counts (private); representations: the paper's, per-sample",
     )
     init_local_k: int = config_key(0, ge=0, doc="local k-means centres per client in init=centres; 0 = 2K")
+
+    def __post_init__(self) -> None:
+        if self.contrastive > 0 and self.augment != "pairs":
+            raise ConfigError(
+                f"run-config 'fstc.contrastive'={self.contrastive} needs 'fstc.augment'='pairs' "
+                "(the contrastive term compares the two augmented views of each text)"
+            )
