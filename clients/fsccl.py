@@ -1,9 +1,9 @@
 """FSCCL client: SCCL's local training (Zhang et al., NAACL 2021) on frozen sentence embeddings, under FedAvg.
 
 Maths (plain functions): `instance_contrastive_loss` (SCCL's instance-CL, NT-Xent over the two views of
-a batch; in `fedapp.losses`, FSTC uses it too), `dec_targets` and `clustering_kl` (DEC's target distribution and KL objective). The client
-trains the global model it is sent for `local-iters` iterations and returns it; round 1 sends local
-k-means centres as FSTC's clients do.
+a batch; in `fedapp.losses`, FSTC uses it too), `dec_targets` and `clustering_kl` (DEC's target
+distribution and KL objective). The client trains the global model it is sent for `local-iters`
+iterations and returns it; round 1 sends local k-means centres as FSTC's clients do.
 """
 
 from __future__ import annotations

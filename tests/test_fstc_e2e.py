@@ -241,3 +241,22 @@ def test_frozen_reference_rejects_bad_input_in_one_line(
         main(argv)
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert stopped.value.code == 2 and message in error
+
+
+def test_tsne_figure_is_drawn_from_both_federations(tmp_path: Path) -> None:
+    from simulation.fstc.tsne import main as tsne_main
+
+    out = tmp_path / "tsne.png"
+    tsne_main(
+        ["--dataset", "texts-demo", "--clients", "2", "--rounds", "2", "--sample", "60"] + ["--out", str(out)]
+    )
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_tsne_rejects_bad_input_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulation.fstc.tsne import main as tsne_main
+
+    with pytest.raises(SystemExit) as stop:
+        tsne_main(["--dataset", "texts-demo", "--sample", "100000"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("exceeds the 400 texts of texts-demo")

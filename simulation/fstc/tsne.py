@@ -31,13 +31,15 @@ from fedapp.models.fstc import fstc_model
 from fedapp.server_app import server_fn
 from fedapp.text_features import dataset_embeddings
 from fedapp.torch_glue import load_state_arrays
-from simulation.presets import apply_preset
+from simulation.presets import apply_preset, available_presets
 from simulation.runner import build_overrides, flower_log_to_file
 
 
 def trained_global_model(method: str, dataset: str, clients: int, rounds: int, seed: int) -> list[np.ndarray]:
     """Run one in-process federation and return the strategy's final global model arrays."""
-    preset = f"fstc-{dataset}" if method == "fstc" else None
+    preset = f"fstc-{dataset}" if method == "fstc" else None  # the paper's λ for the dataset, where set
+    if preset not in available_presets():
+        preset = None
     base = apply_preset(preset, {"method": method, "dataset": dataset, "num-clients": clients, "seed": seed})
     base["num-rounds"] = rounds
     with tempfile.TemporaryDirectory() as out:
@@ -64,7 +66,7 @@ def representations(
     return model.eval()(x).numpy()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="stackoverflow")
     parser.add_argument("--clients", type=int, default=4)
@@ -74,7 +76,7 @@ def main() -> None:
         "--sample", type=int, default=2000, help="points shown (seeded, stratified by nothing)"
     )
     parser.add_argument("--out", type=Path, default=Path("docs/fstc-tsne.png"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import matplotlib
 
@@ -82,10 +84,18 @@ def main() -> None:
     import matplotlib.pyplot as plt
     from sklearn.manifold import TSNE
 
+    if args.clients < 1 or args.rounds < 2 or args.sample < 2:
+        parser.error("--clients must be >= 1, --rounds >= 2 (one init round + training), --sample >= 2")
     panels: dict[str, np.ndarray] = {}
-    cfg = parse_run_config({"method": "fstc", "dataset": args.dataset, "seed": args.seed})
-    data = load_run_dataset(cfg)
-    assert data.texts is not None
+    try:  # unknown dataset, missing or corrupt files: one line, no traceback
+        cfg = parse_run_config({"method": "fstc", "dataset": args.dataset, "seed": args.seed})
+        data = load_run_dataset(cfg)
+    except ValueError as exc:  # ConfigError and DatasetError are ValueErrors
+        parser.error(str(exc))
+    if data.texts is None:
+        parser.error(f"dataset {args.dataset!r} has no texts (FSTC's Fig. 2 needs a text dataset)")
+    if args.sample > data.n_samples:
+        parser.error(f"--sample {args.sample} exceeds the {data.n_samples} texts of {args.dataset}")
     rows = np.sort(np.random.default_rng(args.seed).choice(data.n_samples, args.sample, replace=False))
     texts = [data.texts[i] for i in rows]
     frequencies = document_frequencies(data.texts)
