@@ -20,7 +20,7 @@ from torch.nn.functional import cosine_similarity, normalize, one_hot
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans
 from fedapp.datasets.augment import ViewAugmenter, contrastive_augmenter
-from fedapp.losses import instance_contrastive_loss
+from fedapp.losses import info_nce_loss  # the sample-level term; tests import it from here
 from fedapp.methods.ccfc import (
     CLUSTER,
     PHASE_KEY,
@@ -58,15 +58,6 @@ def negative_cosine(prediction: torch.Tensor, target: torch.Tensor) -> torch.Ten
 def simsiam_loss(p1: torch.Tensor, z1: torch.Tensor, p2: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     """Symmetric SimSiam loss of two views, D(p1, z2)/2 + D(p2, z1)/2 (pre-training; SCFC)."""
     return 0.5 * negative_cosine(p1, z2) + 0.5 * negative_cosine(p2, z1)
-
-
-def info_nce_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
-    """SimCLR's NT-Xent: each view must pick its partner out of the 2B - 2 other views of the batch.
-
-    Cross-entropy over cosine similarities / `temperature`, both directions; the negatives are the
-    client's own other samples, so nothing extra leaves it. Gradients flow through both views.
-    """
-    return instance_contrastive_loss(normalize(z1, dim=1), normalize(z2, dim=1), temperature)
 
 
 def model_contrastive_loss(p_local: torch.Tensor, p_global: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from flwr.common import Array, ArrayRecord, ConfigRecord, Context, NDArrays, Sca
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans
 from fedapp.config import RunConfig
-from fedapp.losses import instance_contrastive_loss
+from fedapp.losses import info_nce_loss
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, FSTCConfig
 from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
 from fedapp.text_features import local_augmented_embeddings, local_augmented_texts, local_embeddings
@@ -430,13 +430,10 @@ class LocalUpdate:
         views = list(range(1, len(inputs.views))) if len(inputs.views) > 1 else [0]
         if inputs.tokens is not None and views != [0]:
             # fine-tune mode: one pass of Φ over the batch and its views (a GPU step is launch-bound)
+            joint_representations, joint_scores = model(inputs.joint_batch(indices, [0, *views]))
             size = len(indices)
-            representations, scores = model(inputs.joint_batch(indices, [0, *views]))
-            view_outputs = [
-                (representations[size * (j + 1) : size * (j + 2)], scores[size * (j + 1) : size * (j + 2)])
-                for j in range(len(views))
-            ]
-            representations, scores = representations[:size], scores[:size]
+            parts = list(zip(joint_representations.split(size), joint_scores.split(size), strict=True))
+            (representations, scores), view_outputs = parts[0], parts[1:]
         else:
             representations, scores = model(inputs.batch(indices, 0))
             view_outputs = [
@@ -453,8 +450,8 @@ class LocalUpdate:
             "kept": (batch_weights > 0).float().mean(),
         }
         if self.contrastive > 0 and len(view_outputs) == 2:
-            first, second = (torch.nn.functional.normalize(rep, dim=1) for rep, _ in view_outputs)
-            instance = instance_contrastive_loss(first, second, self.temperature)
+            (first, _), (second, _) = view_outputs
+            instance = info_nce_loss(first, second, self.temperature)
             terms["loss"] = terms["loss"] + self.contrastive * instance
             terms["contrastive"] = instance.detach()
         if self.align and global_centres is not None and self.lam > 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.nn.functional import normalize
 
 
 def instance_contrastive_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -17,3 +18,8 @@ def instance_contrastive_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: f
     similarity.fill_diagonal_(float("-inf"))
     positives = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
     return torch.nn.functional.cross_entropy(similarity, positives)
+
+
+def info_nce_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`instance_contrastive_loss` on raw vectors: cosine similarities / `temperature` (SimCLR's NT-Xent)."""
+    return instance_contrastive_loss(normalize(z1, dim=1), normalize(z2, dim=1), temperature)

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch.nn.functional import cross_entropy
 
-from clients.ccfc import info_nce_loss
 from clients.fstc import pseudo_labels
 from fedapp.clustering import kmeans
 from fedapp.datasets.registry import load_dataset
+from fedapp.losses import info_nce_loss
 from fedapp.metrics import clustering_metrics, contingency_table
 from fedapp.models.fstc import ResidualAdapter
 from fedapp.text_features import dataset_augmented_embeddings, dataset_embeddings
