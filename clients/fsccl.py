@@ -59,14 +59,19 @@ class FSCCLClient(ClusteringClient):
         self.device = resolve_device(cfg.device)
 
     def views(self) -> list[torch.Tensor]:
-        """Original embeddings, plus the two augmented views' embeddings when SCCL's pairs are used."""
+        """Original embeddings, plus the two augmented views' embeddings when SCCL's pairs are used.
+
+        All times `scale`: on unit-norm embeddings every squared distance is at most 4, so DEC's Student's t
+        (α = 1) is nearly flat over 20 clusters; SCCL's mean-pooled distilbert embeddings are not unit-norm.
+        """
         p, cfg = self.params, self.cfg
         views = [local_embeddings(self.data, cfg.embedding_model, p.max_length, cfg.device)]
         if self.augmentation() == "pairs":
             views += local_augmented_embeddings(
                 self.data, cfg.data_dir, cfg.embedding_model, p.max_length, cfg.device
             )
-        return [torch.as_tensor(np.asarray(v, dtype=np.float32), device=self.device) for v in views]
+        scale = self.params.scale  # one factor for every view, the k-means start and prediction alike
+        return [torch.as_tensor(np.asarray(v, dtype=np.float32), device=self.device) * scale for v in views]
 
     def augmentation(self) -> str:
         if self.params.augment != "auto":

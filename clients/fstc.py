@@ -367,6 +367,7 @@ class LocalUpdate:
     robust: bool
     align: bool
     loss_on: str
+    residual_on: str
     schedule: frozenset[int]
     sinkhorn_iters: int
     sinkhorn_tol: float
@@ -381,6 +382,11 @@ class LocalUpdate:
         """What Q is compared with (Eq. 8 and 14): O itself, or softmax(O) (`loss-on`)."""
         return scores if self.loss_on == "scores" else torch.softmax(scores, dim=1)
 
+    def mixture_output(self, scores: torch.Tensor) -> torch.Tensor:
+        """What the mixture's residual δ = Q - (this) is taken from (Eq. 8; `residual-on`)."""
+        target = self.loss_on if self.residual_on == "loss-on" else self.residual_on
+        return scores if target == "scores" else torch.softmax(scores, dim=1)
+
     def refresh_labels(self, model: FSTCModel, inputs: LocalInputs, progress: Progress) -> dict[str, float]:
         """Alg. 1 over all local samples; the mixture restarts on the new pseudo-labels."""
         representations, scores = forward_all(model, inputs, self.eval_batch)
@@ -393,7 +399,7 @@ class LocalUpdate:
         )
         progress.dual = result.log_v
         progress.targets = targets.float()
-        progress.memory = self.output(scores).float()
+        progress.memory = self.mixture_output(scores).float()
         if progress.centres is not None:  # the labels changed: regroup every sample
             progress.centres = LocalCentres(representations, progress.targets.argmax(1), self.k)
         if self.robust:
@@ -440,7 +446,7 @@ class LocalUpdate:
                 (representations, scores) if view == 0 else model(inputs.batch(indices, view))
                 for view in views
             ]
-        progress.memory[index] = self.output(scores.detach()).float()
+        progress.memory[index] = self.mixture_output(scores.detach()).float()
         clustering = torch.stack(
             [weighted_mse(targets, self.output(view), batch_weights) for _, view in view_outputs]
         ).mean()
@@ -542,6 +548,7 @@ class FSTCClient(ClusteringClient):
             robust=self.robust,
             align=self.align,
             loss_on=self.params.loss_on,
+            residual_on=self.params.residual_on,
             schedule=frozenset(
                 label_update_steps(
                     max(cfg.num_rounds - 1, 1) * self.params.local_iters,
@@ -684,7 +691,7 @@ class FSTCClient(ClusteringClient):
         representations, scores = forward_all(model, inputs, self.update.eval_batch)
         nearest = torch.cdist(representations, global_centres).argmin(1)
         targets = torch.nn.functional.one_hot(nearest, self.k).float()
-        return Progress(0, targets, self.update.output(scores).float(), None)
+        return Progress(0, targets, self.update.mixture_output(scores).float(), None)
 
     def keep_progress(self, progress: Progress) -> None:
         arrays = {"targets": progress.targets.cpu().numpy(), "memory": progress.memory.cpu().numpy()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,3 +49,25 @@ def test_fsccl_federation_on_demo_texts(tmp_path: Path) -> None:
     summary = execute(build_overrides(overrides, tmp_path / "fsccl"), engine="inprocess", quiet=True)
     assert summary["metrics"]["acc"] >= 0.9
     assert [row["round"] for row in summary["fsccl"]["train_per_round"]] == [2, 3]
+
+
+@pytest.mark.usefixtures("text_embedding_cache")
+def test_scale_multiplies_the_embeddings_and_the_initial_centres() -> None:
+    """`fsccl.scale` stretches the geometry DEC's Student's t sees; k-means on it scales alike."""
+    from flwr.common import Context, RecordDict
+
+    from clients.fsccl import FSCCLClient
+    from fedapp.config import parse_run_config
+
+    def client(scale: float) -> FSCCLClient:
+        cfg = parse_run_config(
+            {"method": "fsccl", "dataset": "texts-demo", "num-clients": 2, "fsccl.scale": scale}
+        )
+        partition = {"partition-id": 0, "num-partitions": 2}
+        return FSCCLClient(Context(0, 1, partition, RecordDict(), dict(cfg.to_dict())), cfg)
+
+    plain, stretched = client(1.0), client(4.0)
+    torch.testing.assert_close(stretched.views()[0], 4.0 * plain.views()[0])
+    (centres, counts), (scaled, scaled_counts) = (c.fit([], {"phase": "init"})[0] for c in (plain, stretched))
+    assert (counts == scaled_counts).all()
+    np.testing.assert_allclose(scaled, 4.0 * centres, rtol=1e-4, atol=1e-5)

@@ -235,6 +235,7 @@ def _update(**overrides: object) -> LocalUpdate:
         robust=False,
         align=False,
         loss_on="scores",
+        residual_on="loss-on",
         schedule=frozenset(),
         sinkhorn_iters=100,
         sinkhorn_tol=1e-6,
@@ -274,3 +275,34 @@ def test_contrastive_needs_augmented_pairs() -> None:
     with pytest.raises(ConfigError, match="fstc.contrastive.*fstc.augment"):
         FSTCConfig(contrastive=1.0)
     assert FSTCConfig(contrastive=1.0, augment="pairs").contrastive == 1.0
+
+
+@pytest.mark.parametrize(
+    ("loss_on", "residual_on", "mixture_sees"),
+    [
+        ("scores", "loss-on", "scores"),
+        ("softmax", "loss-on", "softmax"),
+        ("scores", "softmax", "softmax"),
+        ("softmax", "scores", "scores"),
+    ],
+)
+def test_the_mixture_residual_can_differ_from_the_loss_target(
+    loss_on: str, residual_on: str, mixture_sees: str
+) -> None:
+    """`residual-on` sets what Eq. 8 subtracts from Q (kept in `memory`); Eq. 14 still follows `loss-on`."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(1)
+    inputs = LocalInputs([rng.normal(size=(30, 6)).astype(np.float32)], torch.device("cpu"))
+    model = FSTCModel(6, 3, adapter_hidden=6, head_hidden=0)
+    targets = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, 3, 30)), 3).float()
+    progress = Progress(0, targets, torch.zeros(30, 3), None)
+    update = _update(loss_on=loss_on, residual_on=residual_on)
+    indices = np.arange(5, 25)
+    terms = update.loss(model, inputs, indices, progress, torch.ones(30), None)
+    scores = model(torch.as_tensor(inputs.views[0][indices]))[1].detach()
+    seen = scores if mixture_sees == "scores" else torch.softmax(scores, 1)
+    torch.testing.assert_close(progress.memory[indices], seen)
+    assert float(progress.memory[:5].abs().sum()) == 0.0  # only the batch's rows are refreshed
+    compared = scores if loss_on == "scores" else torch.softmax(scores, 1)
+    expected = ((targets[indices] - compared) ** 2).sum(1).mean()
+    assert float(terms["clustering"]) == pytest.approx(float(expected), rel=1e-5)

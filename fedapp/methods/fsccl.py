@@ -27,6 +27,11 @@ class FSCCLConfig(ConfigSection):
     temperature: float = config_key(0.5, gt=0.0, doc="temperature of the instance-wise contrastive loss")
     alpha: float = config_key(1.0, gt=0.0, doc="degrees of freedom of the Student's t soft assignment")
     adapter_hidden: int = config_key(384, ge=0, doc="hidden units of the residual adapter; 0 = none")
+    scale: float = config_key(
+        6.0,
+        gt=0.0,
+        doc="multiply the unit-norm embeddings by this (SCCL pools without normalising; MiniLM: 5.96)",
+    )
     max_length: int = config_key(32, ge=1, doc="encoder input length in tokens")
     augment: str = config_key(
         "auto",

@@ -23,6 +23,7 @@ from fedapp.config_keys import ConfigError, ConfigSection, config_key
 ENCODER_MODES = ("frozen", "fine-tune")
 INIT_MODES = ("centres", "representations")
 LOSS_TARGETS = ("scores", "softmax")
+RESIDUAL_TARGETS = ("loss-on", *LOSS_TARGETS)
 AUGMENTATIONS = ("none", "pairs")
 ALIGN_CENTRES = ("batch", "local")
 
@@ -77,7 +78,14 @@ class FSTCConfig(ConfigSection):
         0.5, ge=0.0, le=1.0, doc="Eq. 13: samples with r_i below this get weight 0"
     )
     loss_on: str = config_key(
-        "scores", choices=LOSS_TARGETS, doc="what Q is compared with in Eq. 14 and Eq. 8: O or softmax(O)"
+        "scores",
+        choices=LOSS_TARGETS,
+        doc="what Q is compared with in Eq. 14 (and Eq. 8 unless residual-on): O or softmax(O)",
+    )
+    residual_on: str = config_key(
+        "loss-on",
+        choices=RESIDUAL_TARGETS,
+        doc="the mixture's residual (Eq. 8): Q - (what loss-on says), or Q - O, or Q - softmax(O)",
     )
     augment: str = config_key(
         "none",
