@@ -217,9 +217,34 @@ def test_frozen_reference_trains_and_reports_both_clusterings(capsys: pytest.Cap
     assert final_acc >= 80.0  # four well-separated generated topics
 
 
+def test_neighbour_purity_equals_a_brute_force_count() -> None:
+    from simulation.fstc.frozen_reference import neighbour_purity
+
+    rng = np.random.default_rng(3)
+    points = rng.normal(size=(70, 5))
+    labels = rng.integers(0, 3, size=70)
+    unit = points / np.linalg.norm(points, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    np.fill_diagonal(similarity, -np.inf)
+    order = np.argsort(-similarity, axis=1, kind="stable")
+    expected = {n: float((labels[order[:, :n]] == labels[:, None]).mean()) for n in (1, 4)}
+    got = neighbour_purity(points, labels, [1, 4], block=16)  # several blocks, one partial
+    assert got == pytest.approx(expected, abs=1e-12)
+
+
+def test_frozen_reference_prints_neighbour_purity(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulation.fstc.frozen_reference import main
+
+    assert main(["--dataset", "texts-demo", "--purity", "5", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("-NN")[0] for line in lines] == ["1", "5"]
+    assert float(lines[0].split(": ")[1].split()[0]) >= 90.0  # four well-separated generated topics
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--dataset", "texts-demo", "--purity", "400"], "needs more than 400 texts"),
         (["--dataset", "digits"], "has no texts"),
         (["--dataset", "texts-demo", "--views", "pairs"], "no augmented views"),
         (["--dataset", "texts-demo", "--batch-size", "100000"], "exceeds the 400 texts"),

@@ -2,6 +2,7 @@
 
     python -m simulation.fstc.frozen_reference --dataset stackoverflow
     python -m simulation.fstc.frozen_reference --dataset stackoverflow --views pairs --info-nce 1
+    python -m simulation.fstc.frozen_reference --dataset stackoverflow --purity 1 5 10
 
 One model on the pooled embeddings (no clients, no robust weights, no centre alignment): the frozen-mode
 model of FSTC (residual adapter + linear F, F started as the nearest-k-means-centre classifier), trained
@@ -10,11 +11,16 @@ with cross-entropy on Sinkhorn pseudo-labels (Alg. 1, ε = 0.1, Q = ξ² / row-s
 texts), `--info-nce W` adds W x SimCLR's NT-Xent between the two views' representations. It prints ACC /
 NMI of argmax O and of k-means on the representations. It is an analysis on the simulation host (it pools
 every client's embeddings); it bounds what the federated runs can reach with this encoder.
+
+`--purity N ...` prints instead the N-nearest-neighbour label purity of the embeddings (cosine): the share
+of each text's N nearest other texts that carry its class. A clustering that only reshapes this
+geometry rarely beats 1-NN purity, so it says how much class structure the frozen encoder holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import numpy as np
@@ -36,6 +42,29 @@ MAX_LENGTH = 32
 def scores(labels: np.ndarray, truth: np.ndarray, k: int, n_classes: int) -> str:
     metrics = clustering_metrics(contingency_table(labels, truth, k, n_classes))
     return f"ACC {100 * metrics['acc']:.2f} NMI {100 * metrics['nmi']:.2f}"
+
+
+def neighbour_purity(
+    embeddings: np.ndarray, labels: np.ndarray, sizes: list[int], block: int = 2048
+) -> dict[int, float]:
+    """Share of each row's n nearest other rows (cosine similarity) with its label, for each n in `sizes`.
+
+    Blockwise, so 20,000 x 20,000 similarities never sit in memory at once; ties are broken by index.
+    """
+    if max(sizes) >= len(embeddings):
+        raise ValueError(f"--purity {max(sizes)} needs more than {len(embeddings)} texts")
+    unit = torch.nn.functional.normalize(torch.as_tensor(embeddings, dtype=torch.float32), dim=1)
+    truth = torch.as_tensor(np.asarray(labels))
+    hits = dict.fromkeys(sizes, 0)
+    for start in range(0, len(unit), block):
+        rows = torch.arange(start, min(start + block, len(unit)))
+        similarity = unit[rows] @ unit.T
+        similarity[torch.arange(len(rows)), rows] = -math.inf  # a text is not its own neighbour
+        nearest = similarity.topk(max(sizes), dim=1).indices
+        same = truth[nearest] == truth[rows][:, None]
+        for n in sizes:
+            hits[n] += int(same[:, :n].sum())
+    return {n: hits[n] / (n * len(unit)) for n in sizes}
 
 
 def positive_int(text: str) -> int:
@@ -60,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--epsilon", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--purity", type=positive_int, nargs="+", metavar="N", help="print N-NN label purity and stop"
+    )
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
@@ -78,6 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--batch-size {args.batch_size} exceeds the {len(embeddings)} texts of {args.dataset}")
     k = n_classes = data.n_classes
     truth = np.asarray(data.y)
+    if args.purity:
+        try:
+            purity = neighbour_purity(embeddings.numpy(), truth, sorted(set(args.purity)))
+        except ValueError as exc:
+            parser.error(str(exc))
+        for n, share in purity.items():
+            print(f"{n}-NN label purity of the embeddings: {100 * share:.2f} %", flush=True)
+        return 0
 
     centres, initial = kmeans(embeddings.numpy(), k, seed=args.seed)
     print(f"k-means of the embeddings: {scores(initial, truth, k, n_classes)}", flush=True)
