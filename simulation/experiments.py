@@ -97,7 +97,11 @@ def run_dir(out_root: Path, label: str, seed: int) -> Path:
 
 
 def finished_summary(out_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The run's summary if it finished with metrics and this very configuration, else None."""
+    """The run's summary if it finished with metrics and this very configuration, else None.
+
+    "This very configuration" is every resolved key, defaults included: a run made before a default
+    changed (or before a key existed) is run again rather than reported as today's.
+    """
     path = out_dir / "summary.json"
     if not path.is_file():
         return None
@@ -105,9 +109,23 @@ def finished_summary(out_dir: Path, overrides: Mapping[str, Any]) -> dict[str, A
         summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # a half-written or foreign file: run it again
-    same = all(summary.get("config", {}).get(key) == value for key, value in overrides.items())
+    resolved = parse_run_config(overrides).to_dict()
+    stored = summary.get("config", {})
+    same = all(key in stored and stored[key] == value for key, value in resolved.items())
     finished = summary.get("status") in ("completed", "converged", "degraded")
     return summary if finished and summary.get("metrics") and same else None
+
+
+def finished_runs(experiment: Experiment, spec: RunSpec, out_root: Path) -> list[dict[str, Any]] | None:
+    """Every seed's finished summary of `spec` under `out_root`, or None if any seed is missing or stale."""
+    summaries = []
+    for seed in experiment.seeds:
+        out_dir = run_dir(out_root, spec.label, seed)
+        summary = finished_summary(out_dir, build_overrides({**spec.overrides, "seed": seed}, out_dir))
+        if summary is None:
+            return None
+        summaries.append(summary)
+    return summaries
 
 
 def run_experiment(
@@ -122,13 +140,17 @@ def run_experiment(
     """Execute every run x seed; returns label -> list of summaries. Writes table.md and results.json.
 
     `resume`: a run x seed whose directory already holds a finished summary of the same configuration is
-    reused, so a sweep of hour-long runs can be interrupted and restarted. `only`: these labels alone.
+    reused, so a sweep of hour-long runs can be interrupted and restarted. `only`: run these labels
+    alone; with `resume` the table and results.json still list every other label whose runs are all
+    finished for these seeds, so a sweep run a label at a time ends with one whole table.
     """
     if only and (unknown := sorted(only - {spec.label for spec in experiment.runs})):
         raise ExperimentError(f"--only {unknown[0]!r}: no run with that label in '{experiment.name}'")
     results: dict[str, list[dict[str, Any]]] = {}
     for spec in experiment.runs:
         if only and spec.label not in only:
+            if resume and (done := finished_runs(experiment, spec, out_root)) is not None:
+                results[spec.label] = done
             continue
         for seed in experiment.seeds:
             out_dir = run_dir(out_root, spec.label, seed)

@@ -282,6 +282,22 @@ def test_experiment_resume_reuses_finished_runs_and_only_selects_rows(tmp_path: 
     assert results["b"][0]["config"]["kfed.local-k"] == 12
     with pytest.raises(ExperimentError, match="'c'"):
         run_experiment(experiment, out, resume=True, only={"c"})
+    # a sweep run a label at a time ends with one whole table: finished rows stay in it
+    third: list[str] = []
+    results = run_experiment(experiment, out, resume=True, only={"b"}, progress=third.append)
+    assert list(results) == ["a", "b"] and len(third) == 1 and "reused" in third[0]
+    assert json.loads((out / "results.json").read_text()).keys() == {"a", "b"}
+    assert "| a |" in (out / "table.md").read_text()
+    # a run made before a key existed (or its default changed) is not today's configuration: rerun
+    path = out / "a-s0" / "summary.json"
+    stale = json.loads(path.read_text())
+    del stale["config"]["kfed.local-k"]
+    path.write_text(json.dumps(stale))
+    fourth: list[str] = []
+    results = run_experiment(experiment, out, resume=True, only={"b"}, progress=fourth.append)
+    assert list(results) == ["b"]  # row a is no longer finished under today's configuration
+    run_experiment(experiment, out, resume=True, only={"a"}, progress=fourth.append)
+    assert "reused" not in fourth[-1]
 
 
 def test_small_kmeans_runs_on_one_thread_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,7 +54,7 @@ def neighbour_purity(
     if max(sizes) >= len(embeddings):
         raise ValueError(f"--purity {max(sizes)} needs more than {len(embeddings)} texts")
     unit = torch.nn.functional.normalize(torch.as_tensor(embeddings, dtype=torch.float32), dim=1)
-    truth = torch.as_tensor(np.asarray(labels))
+    truth = torch.as_tensor(np.array(labels))  # a copy: dataset label arrays may be read-only
     hits = dict.fromkeys(sizes, 0)
     for start in range(0, len(unit), block):
         rows = torch.arange(start, min(start + block, len(unit)))
