@@ -290,6 +290,11 @@ def alignment_loss(local: torch.Tensor, global_centres: torch.Tensor, counts: to
     return (present[:, None] * (local - global_centres) ** 2).sum()
 
 
+def compared_output(scores: torch.Tensor, target: str) -> torch.Tensor:
+    """The scores O themselves (`scores`) or softmax(O) (`softmax`): what Q is held against."""
+    return scores if target == "scores" else torch.softmax(scores, dim=1)
+
+
 # ------------------------------------------------------------------------------- local training
 class LocalInputs:
     """A client's samples as the model takes them: embedding rows (frozen) or texts (fine-tune).
@@ -379,13 +384,14 @@ class LocalUpdate:
     temperature: float = 0.5
 
     def output(self, scores: torch.Tensor) -> torch.Tensor:
-        """What Q is compared with (Eq. 8 and 14): O itself, or softmax(O) (`loss-on`)."""
-        return scores if self.loss_on == "scores" else torch.softmax(scores, dim=1)
+        """What Q is compared with in Eq. 14: O itself, or softmax(O) (`loss-on`)."""
+        return compared_output(scores, self.loss_on)
 
     def mixture_output(self, scores: torch.Tensor) -> torch.Tensor:
-        """What the mixture's residual δ = Q - (this) is taken from (Eq. 8; `residual-on`)."""
-        target = self.loss_on if self.residual_on == "loss-on" else self.residual_on
-        return scores if target == "scores" else torch.softmax(scores, dim=1)
+        """What the mixture's residual δ = Q - (this) uses (Eq. 8; `residual-on`, default Eq. 14's)."""
+        if self.residual_on == "loss-on":
+            return self.output(scores)
+        return compared_output(scores, self.residual_on)
 
     def refresh_labels(self, model: FSTCModel, inputs: LocalInputs, progress: Progress) -> dict[str, float]:
         """Alg. 1 over all local samples; the mixture restarts on the new pseudo-labels."""

@@ -116,12 +116,19 @@ def finished_summary(out_dir: Path, overrides: Mapping[str, Any]) -> dict[str, A
     return summary if finished and summary.get("metrics") and same else None
 
 
+def seed_run(spec: RunSpec, seed: int, out_root: Path) -> tuple[Path, dict[str, Any]]:
+    """One run x seed: its output directory and its resolved overrides."""
+    out_dir = run_dir(out_root, spec.label, seed)
+    return out_dir, build_overrides({**spec.overrides, "seed": seed}, out_dir)
+
+
 def finished_runs(experiment: Experiment, spec: RunSpec, out_root: Path) -> list[dict[str, Any]] | None:
     """Every seed's finished summary of `spec` under `out_root`, or None if any seed is missing or stale."""
     summaries = []
     for seed in experiment.seeds:
-        out_dir = run_dir(out_root, spec.label, seed)
-        summary = finished_summary(out_dir, build_overrides({**spec.overrides, "seed": seed}, out_dir))
+        if not (run_dir(out_root, spec.label, seed) / "summary.json").is_file():
+            return None  # never run: skip resolving its overrides (a vertical method reads its data)
+        summary = finished_summary(*seed_run(spec, seed, out_root))
         if summary is None:
             return None
         summaries.append(summary)
@@ -153,8 +160,7 @@ def run_experiment(
                 results[spec.label] = done
             continue
         for seed in experiment.seeds:
-            out_dir = run_dir(out_root, spec.label, seed)
-            overrides = build_overrides({**spec.overrides, "seed": seed}, out_dir)
+            out_dir, overrides = seed_run(spec, seed, out_root)
             summary = finished_summary(out_dir, overrides) if resume else None
             reused = summary is not None
             if summary is None:
