@@ -18,12 +18,16 @@ features are computed on first use and cached on the dataset, so a conv-net run 
 
 Labels are always int64 in 0..n_classes-1 and every class occurs: numeric labels are remapped in
 ascending order, string labels (DryBean, 20 Newsgroups) in sorted name order, which `class_names` records.
+A user's own file may have no labels (`labelled` False): then `y` is all zeros and `n_classes` is 1, so
+shape-driven code still runs, but anything that reads labels (metrics, k = number of classes) must check
+`labelled` first. Such files also carry `ids`, each row's id as read, so results can be written back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -45,7 +49,11 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True, eq=False)  # identity equality: comparing or hashing arrays field-wise is meaningless
 class Dataset:
-    """One labelled dataset; the payload field that `kind` names is set, arrays are read-only."""
+    """One dataset; the payload field that `kind` names is set, arrays are read-only.
+
+    `ids`: each row's id as a string (user files), unique; None for catalogue datasets. `labelled` False:
+    the source has no labels, `y` is all zeros and `n_classes` 1 (placeholders, not classes).
+    """
 
     name: str
     kind: str
@@ -58,6 +66,8 @@ class Dataset:
     class_names: tuple[str, ...] | None = None
     counts: scipy.sparse.csr_matrix | None = None
     vocabulary: tuple[str, ...] | None = None
+    ids: tuple[str, ...] | None = None
+    labelled: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -82,6 +92,17 @@ class Dataset:
             raise DatasetError(
                 f"dataset {self.name!r}: {len(self.class_names)} class names for {self.n_classes} classes"
             )
+        if not self.labelled and (self.n_classes != 1 or self.y.any() or self.class_names is not None):
+            raise DatasetError(f"dataset {self.name!r}: unlabelled data need y all 0 and one unnamed class")
+        if self.ids is not None:
+            self._check_ids(n)
+
+    def _check_ids(self, n: int) -> None:
+        if len(self.ids) != n:
+            raise DatasetError(f"dataset {self.name!r}: {len(self.ids)} ids for {n} samples")
+        if len(set(self.ids)) != n:
+            duplicate = next(i for i, count in Counter(self.ids).items() if count > 1)
+            raise DatasetError(f"dataset {self.name!r}: duplicate id {duplicate!r}")
 
     @property
     def n_samples(self) -> int:
@@ -162,10 +183,13 @@ def build(
     class_names: Sequence[str] | None = None,
     counts: scipy.sparse.csr_matrix | None = None,
     vocabulary: Sequence[str] | None = None,
+    ids: Sequence[str] | None = None,
+    labelled: bool = True,
 ) -> Dataset:
     """Remap labels to 0..C-1, check the catalogue counts, freeze arrays and assemble a `Dataset`.
 
     String labels give `class_names` in sorted order; numeric labels are remapped in ascending order.
+    Unlabelled data (`labelled` False) pass all-zero `raw_labels`.
     """
     raw = np.asarray(raw_labels)
     if raw.ndim != 1 or raw.dtype.kind not in "iufU":
@@ -193,6 +217,8 @@ def build(
         class_names=None if class_names is None else tuple(class_names),
         counts=None if counts is None else _freeze_csr(scipy.sparse.csr_matrix(counts, dtype=np.int64)),
         vocabulary=None if vocabulary is None else tuple(vocabulary),
+        ids=None if ids is None else tuple(ids),
+        labelled=labelled,
     )
 
 
@@ -256,4 +282,5 @@ def subsample(full: Dataset, max_samples: int, seed: int) -> Dataset:
         views=None if full.views is None else tuple(freeze(v[chosen]) for v in full.views),
         texts=None if full.texts is None else tuple(full.texts[i] for i in chosen),
         counts=None if full.counts is None else _freeze_csr(full.counts[chosen]),
+        ids=None if full.ids is None else tuple(full.ids[i] for i in chosen),
     )

@@ -2,7 +2,9 @@
 
 Flower rebuilds its clients every round, so `load_dataset` is cached per process and hands out read-only
 arrays that clients may share but not mutate. A new family module plugs in by exposing a ``DATASETS``
-dict of `Embedded` / `OnDisk` entries and being listed in `FAMILIES`.
+dict of `Embedded` / `OnDisk` entries and being listed in `FAMILIES`. A user's own file (a source spec
+such as ``csv:PATH``, see `sources`) is read by `sources.read_source` and cached the same way, keyed also
+by the file's modification time and size.
 """
 
 from __future__ import annotations
@@ -17,6 +19,16 @@ from types import MappingProxyType
 from fedapp.datasets import corpora, embedded, images, multiview, synthetic, texts
 from fedapp.datasets.common import Dataset, DatasetError, Embedded, OnDisk, Source, subsample
 from fedapp.datasets.multiview import MAT_DESCRIPTION, MAT_PREFIX
+from fedapp.datasets.sources import (
+    DEFAULT_COLUMNS,
+    SOURCE_DESCRIPTIONS,
+    Columns,
+    has_placeholder,
+    is_source_spec,
+    read_source,
+    source_kind,
+    source_path,
+)
 from fedapp.methods import METHODS
 
 FAMILIES = (embedded, multiview, images, texts, corpora, synthetic)
@@ -54,8 +66,18 @@ def methods_for_kind(kind: str) -> tuple[str, ...]:
     return tuple(name for name, spec in METHODS.items() if kind in spec.modalities)
 
 
-def dataset_info(name: str) -> DatasetInfo:
-    """The registry entry for `name` (``mat:<anything>`` gives the generic MATLAB entry)."""
+def dataset_info(name: str, *, columns: Columns | None = None) -> DatasetInfo:
+    """The registry entry for `name` (``mat:<anything>`` gives the generic MATLAB entry).
+
+    A source spec's kind comes from its file (a table's header; partition 0's file for a spec with a
+    ``{partition-id}``), so the file must exist; `columns` says which column holds texts.
+    """
+    if is_source_spec(name):
+        prefix = next(p for p in SOURCE_DESCRIPTIONS if name.startswith(p))
+        partition_id = 0 if has_placeholder(name) else None
+        kind = source_kind(name, columns or DEFAULT_COLUMNS, partition_id)
+        files = (name.removeprefix(prefix),)
+        return DatasetInfo(name, kind, SOURCE_DESCRIPTIONS[prefix], files, methods_for_kind(kind))
     if name.startswith(MAT_PREFIX):
         path = name.removeprefix(MAT_PREFIX) or "<path>"
         return DatasetInfo(name, "multiview", MAT_DESCRIPTION, (path,), methods_for_kind("multiview"))
@@ -157,11 +179,21 @@ def _read(name: str, data_dir: Path | None, seed: int) -> Dataset:
     return multiview.read_mat_file(name, _mat_path(name, data_dir))
 
 
-def require_files(name: str, data_dir: str | os.PathLike[str] | None = None) -> None:
+def require_files(
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    columns: Columns | None = None,
+    partition_id: int | None = None,
+) -> None:
     """Fail now, with the error loading would give, if the dataset's files are missing (nothing is read).
 
-    For entry points: a run must not start processes that will all fail on a missing file.
+    For entry points: a run must not start processes that will all fail on a missing file. A source spec
+    is read whole (and cached), so a corrupt file fails here too.
     """
+    if is_source_spec(name):
+        _load_source(name, columns or DEFAULT_COLUMNS, partition_id, 0, 0)
+        return
     source = DATASETS.get(name)
     if source is None and not name.startswith(MAT_PREFIX):
         raise _unknown_name_error(name)
@@ -175,32 +207,54 @@ def require_files(name: str, data_dir: str | os.PathLike[str] | None = None) -> 
 
 
 def load_dataset(
-    name: str, data_dir: str | os.PathLike[str] | None = None, *, seed: int = 0, max_samples: int = 0
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    max_samples: int = 0,
+    columns: Columns | None = None,
+    partition_id: int | None = None,
+    expect_kind: str | None = None,
 ) -> Dataset:
-    """Load a dataset by name (see `available_datasets`), cached per process, arrays read-only.
+    """Load a dataset by name (see `available_datasets`) or source spec, cached per process, read-only.
 
     `seed` drives seeded generators (`blobs`) and the subsample; `max_samples` > 0 keeps a
     class-stratified subset of exactly that many samples (every class kept, so it must be at least the
-    number of classes), for quick runs.
+    number of classes; unlabelled data: a plain seeded subset), for quick runs. A source spec's path is
+    absolute or relative to the current directory (not `data_dir`); `columns` and `partition_id` apply
+    to source specs only, as `expect_kind` (a table must give that kind; see `sources.read_source`).
     """
+    if max_samples < 0:
+        raise DatasetError(f"max_samples must be >= 0 (0 keeps every sample), got {max_samples}")
+    if is_source_spec(name):
+        columns = columns or DEFAULT_COLUMNS
+        full = _load_source(name, columns, partition_id, 0, 0, expect_kind)
+        if _keeps_all(full, max_samples):
+            return full
+        return _load_source(name, columns, partition_id, max_samples, seed, expect_kind)
     source = DATASETS.get(name)
     if source is None and not name.startswith(MAT_PREFIX):
         raise _unknown_name_error(name)
-    if max_samples < 0:
-        raise DatasetError(f"max_samples must be >= 0 (0 keeps every sample), got {max_samples}")
     # Normalise the cache key: embedded datasets ignore the directory, and only seeded ones read the seed.
     is_embedded = isinstance(source, Embedded)
     resolved_dir = None if is_embedded else resolve_data_dir(data_dir)
     data_seed = seed if is_embedded and source.seeded else 0
     full = _load_cached(name, resolved_dir, data_seed, 0, 0)
-    if max_samples == 0 or max_samples >= full.n_samples:
+    if _keeps_all(full, max_samples):
         return full
+    return _load_cached(name, resolved_dir, data_seed, max_samples, seed)
+
+
+def _keeps_all(full: Dataset, max_samples: int) -> bool:
+    """Whether `max_samples` keeps the whole dataset; an error if it cannot hold every class."""
+    if max_samples == 0 or max_samples >= full.n_samples:
+        return True
     if max_samples < full.n_classes:
         raise DatasetError(
-            f"dataset {name!r}: max_samples={max_samples} cannot hold all {full.n_classes} classes; "
+            f"dataset {full.name!r}: max_samples={max_samples} cannot hold all {full.n_classes} classes; "
             f"use 0 (all samples) or at least {full.n_classes}"
         )
-    return _load_cached(name, resolved_dir, data_seed, max_samples, seed)
+    return False
 
 
 @lru_cache(maxsize=32)
@@ -212,3 +266,50 @@ def _load_cached(name: str, data_dir: Path | None, data_seed: int, max_samples: 
     if max_samples == 0:
         return _read(name, data_dir, data_seed)
     return subsample(_load_cached(name, data_dir, data_seed, 0, 0), max_samples, seed)
+
+
+def _load_source(
+    spec: str,
+    columns: Columns,
+    partition_id: int | None,
+    max_samples: int,
+    seed: int,
+    expect_kind: str | None = None,
+) -> Dataset:
+    """A source spec through the cache, keyed by its file's state so an edited file is read again."""
+    partition_id = partition_id if has_placeholder(spec) else None  # one file, one cache entry
+    return _load_source_cached(
+        spec, columns, partition_id, _file_state(spec, partition_id), max_samples, seed, expect_kind
+    )
+
+
+def _file_state(spec: str, partition_id: int | None) -> tuple[int, ...]:
+    """(mtime, size) of the spec's file; for an image folder, of it and its sub-folders, which change
+    when images are added, removed or renamed (an image rewritten in place is not seen). () if absent:
+    reading then gives the error."""
+    path = source_path(spec, partition_id)
+    try:
+        if path.is_dir():
+            with os.scandir(path) as entries:  # is_dir() of a scandir entry costs no stat per image
+                paths = [path, *sorted(Path(e.path) for e in entries if e.is_dir())]
+        else:
+            paths = [path]
+        return tuple(v for p in paths for stat in (p.stat(),) for v in (stat.st_mtime_ns, stat.st_size))
+    except OSError:
+        return ()
+
+
+@lru_cache(maxsize=128)  # one entry per client file in a simulation process, plus subsamples
+def _load_source_cached(
+    spec: str,
+    columns: Columns,
+    partition_id: int | None,
+    state: tuple[int, ...],
+    max_samples: int,
+    seed: int,
+    expect_kind: str | None,
+) -> Dataset:
+    if max_samples == 0:
+        return read_source(spec, columns, partition_id, expect_kind)
+    full = _load_source_cached(spec, columns, partition_id, state, 0, 0, expect_kind)
+    return subsample(full, max_samples, seed)
