@@ -1,15 +1,48 @@
-"""Shared client glue: identity from node config, local data, evaluation as a contingency table."""
+"""Shared client glue: identity from node config, local data, evaluation, and the final report.
+
+Evaluation sends a contingency table when the client has labels (ground truth never leaves it), else only
+its cluster sizes. The final report (`fedapp.report`) assigns every record, writes `assignments.csv` on
+this node and returns the aggregates of the label-free metrics.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.client import NumPyClient
 from flwr.common import Context, NDArrays, Scalar
 
+from fedapp.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, aligned_rows, hash_ids, run_key
 from fedapp.config import RunConfig
-from fedapp.local_data import LocalData, client_seed, local_partition, local_view
+from fedapp.label_free import (
+    cluster_sums,
+    cluster_term_counts,
+    distance_sums,
+    encode_cluster_sums,
+    encode_distance_sums,
+    encode_term_counts,
+)
+from fedapp.local_data import LocalData, client_seed, local_partition, local_view, own_file, owns_file
+from fedapp.methods import method_spec
 from fedapp.metrics import contingency_table, encode_table
+from fedapp.node_outputs import ASSIGNMENTS_FILE, node_out_dir, run_name, write_assignments
+from fedapp.protocol import encode_array
+from fedapp.report import (
+    DISTANCES_KEY,
+    REPORT_KEY,
+    ROWS_KEY,
+    SIZES_KEY,
+    STAGE_ASSIGN,
+    STAGE_DISTANCES,
+    SUMS_KEY,
+    TABLE_KEY,
+    TERMS_KEY,
+    Assignment,
+)
+
+REPORT_STATE = "fedapp.report"  # context.state: the labels and metric space between the two report stages
 
 
 class ClientConfigError(ValueError):
@@ -43,10 +76,22 @@ class ClusteringClient(NumPyClient):
         self.cfg = cfg
         self.partition_id, self.num_partitions = node_identity(context, cfg)
         self.data: LocalData = self.load_data()
+        if not cfg.k and not self.data.labelled and not method_spec(cfg.method).own_k:
+            raise ClientConfigError(
+                f"client {self.partition_id}: its data has no labels, so k cannot default to the number of "
+                "classes: set k"
+            )
         self.k = cfg.k or self.data.n_classes
         self.seed = client_seed(cfg.seed, self.partition_id)
 
+    @property
+    def owns_file(self) -> bool:
+        """This client reads a file of its own (placeholder spec, or `dataset` in its node config)."""
+        return owns_file(self.cfg, "dataset" in self.context.node_config)
+
     def load_data(self) -> LocalData:
+        if self.owns_file:
+            return own_file(self.cfg, self.partition_id)
         return local_partition(self.cfg, self.partition_id, self.num_partitions)
 
     def identity_metrics(self) -> dict[str, Scalar]:
@@ -59,13 +104,81 @@ class ClusteringClient(NumPyClient):
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         raise NotImplementedError
 
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        """Every local record's cluster, a score and the metric space (methods override for theirs)."""
+        labels = self.predict(parameters, config)
+        space = self.data.features if self.data.dataset.features is not None else None
+        return Assignment(labels, np.full(len(labels), np.nan), "none", space)
+
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
-        """Label local data with the global model; only the (cluster x class) counts leave the client."""
-        predicted = self.predict(parameters, config)
-        table = contingency_table(predicted, self.data.labels, self.k, self.data.n_classes)
-        return 0.0, self.data.n_samples, {"table": encode_table(table), **self.identity_metrics()}
+        """Label local data with the global model; only the (cluster x class) counts leave the client
+        (cluster sizes when it has no labels). The final report's stages are dispatched from here."""
+        stage = config.get(REPORT_KEY)
+        if stage == STAGE_ASSIGN:
+            return self.report_assignments(parameters, config)
+        if stage == STAGE_DISTANCES:
+            return self.report_distances(parameters)
+        return (
+            0.0,
+            self.data.n_samples,
+            {**self.score(self.predict(parameters, config)), **self.identity_metrics()},
+        )
+
+    def score(self, predicted: np.ndarray) -> dict[str, Scalar]:
+        """What the server may learn of a labelling: a contingency table, or only cluster sizes."""
+        if self.data.labelled:
+            table = contingency_table(predicted, self.data.labels, self.k, self.data.n_classes)
+            return {TABLE_KEY: encode_table(table)}
+        return {SIZES_KEY: encode_array(np.bincount(predicted, minlength=self.k).astype(np.int64))}
+
+    def node_directory(self) -> Path:
+        """Where this node writes its records' clusters (node config `node-out-dir` wins)."""
+        configured = str(self.context.node_config.get("node-out-dir", self.cfg.node_out_dir))
+        name = run_name(self.cfg.out_dir, self.cfg.method, self.cfg.dataset, self.cfg.seed)
+        return node_out_dir(configured, self.partition_id, name)
+
+    def report_assignments(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[float, int, dict[str, Scalar]]:
+        """Final report, stage 1: write assignments.csv here; send sizes, cluster sums, term counts."""
+        result = self.assign(parameters, config)
+        write_assignments(
+            self.node_directory() / ASSIGNMENTS_FILE, self.data.ids, result.labels, result.scores
+        )
+        metrics: dict[str, Scalar] = {**self.identity_metrics(), **self.score(result.labels)}
+        metrics[SIZES_KEY] = encode_array(np.bincount(result.labels, minlength=self.k).astype(np.int64))
+        metrics[ROWS_KEY] = len(result.labels)
+        kept = {"labels": result.labels.astype(np.int64)}
+        if result.space is not None:
+            kept["space"] = np.asarray(result.space, dtype=np.float64)
+            metrics[SUMS_KEY] = encode_cluster_sums(cluster_sums(kept["space"], result.labels, self.k))
+        if self.data.dataset.texts is not None:
+            min_docs = self.cfg.keyword_min_docs
+            counts = cluster_term_counts(self.data.texts, result.labels, self.k, min_documents=min_docs)
+            metrics[TERMS_KEY] = encode_term_counts(counts)
+        self.context.state[REPORT_STATE] = ArrayRecord(
+            {name: Array(np.ascontiguousarray(a)) for name, a in kept.items()}
+        )
+        return 0.0, self.data.n_samples, metrics
+
+    def report_distances(self, parameters: NDArrays) -> tuple[float, int, dict[str, Scalar]]:
+        """Final report, stage 2: distances to the pooled cluster means the server sent."""
+        if REPORT_STATE not in self.context.state:
+            raise ValueError(f"client {self.partition_id}: no assignments yet (the report's first stage)")
+        kept = {name: array.numpy() for name, array in self.context.state[REPORT_STATE].items()}
+        if "space" not in kept:
+            raise ValueError(f"client {self.partition_id}: method '{self.cfg.method}' has no metric space")
+        means, counts = np.asarray(parameters[0], np.float64), np.asarray(parameters[1], np.int64)
+        if means.shape != (self.k, kept["space"].shape[1]) or counts.shape != (self.k,):
+            raise ValueError(f"pooled means {means.shape} / counts {counts.shape} do not fit k={self.k}")
+        sums = distance_sums(kept["space"], kept["labels"], means, counts)
+        return (
+            0.0,
+            self.data.n_samples,
+            {**self.identity_metrics(), DISTANCES_KEY: encode_distance_sums(sums)},
+        )
 
 
 class VerticalClient(ClusteringClient):
@@ -76,7 +189,47 @@ class VerticalClient(ClusteringClient):
     """
 
     def load_data(self) -> LocalData:
-        return local_view(self.cfg, self.partition_id, self.num_partitions)
+        """A registered multi-view set's view, or this party's own file: its rows lined up with the other
+        parties' (`fedapp.alignment`) once the alignment round has run."""
+        if not self.owns_file:
+            return local_view(self.cfg, self.partition_id, self.num_partitions)
+        data = own_file(self.cfg, self.partition_id)
+        if ALIGNMENT_STATE in self.context.state:
+            rows = self.context.state[ALIGNMENT_STATE]["rows"].numpy()
+            return LocalData(data.dataset, rows, self.cfg.scaling)
+        return data
+
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """The alignment round, and the intersection that arrives with the first round after it, are
+        handled here; every other message goes to the method's `fit_view`."""
+        if config.get(ALIGN_KEY):
+            return [self.id_hashes()], self.data.n_samples, self.identity_metrics()
+        if config.get(ALIGNED_KEY):
+            intersection, parameters = np.asarray(parameters[0]), list(parameters[1:])
+            rows = aligned_rows(self.id_hashes(), intersection)
+            self.context.state[ALIGNMENT_STATE] = ArrayRecord({"rows": Array(rows)})
+            self.data = LocalData(self.data.dataset, rows, self.cfg.scaling)
+        return self.fit_view(parameters, config)
+
+    def fit_view(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        raise NotImplementedError
+
+    def id_hashes(self) -> np.ndarray:
+        """Keyed hashes of every id in this party's file (all rows, file order)."""
+        if self.data.dataset.ids is None:
+            raise ClientConfigError(f"client {self.partition_id}: vertical own data needs an id-column")
+        shared = self.context.run_config  # the same on every party (a node may override `dataset`)
+        name = run_name(
+            str(shared.get("out-dir", "")), self.cfg.method, str(shared.get("dataset", "")), self.cfg.seed
+        )
+        return hash_ids(self.data.dataset.ids, run_key(self.cfg.id_key, name))
+
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        """The consensus labels (no per-record score); metric space = this party's own view."""
+        labels = self.predict(parameters, config)
+        return Assignment(labels, np.full(len(labels), np.nan), "none", self.data.features)
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         labels = np.asarray(parameters[0]).astype(np.int64)

@@ -31,6 +31,7 @@ from fedapp.methods.ccfc import (
     CCFCConfig,
     build_model,
 )
+from fedapp.report import Assignment
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
     client_rngs,
@@ -278,15 +279,27 @@ class CCFCClient(ClusteringClient):
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         """Eq. 3 under the global model and centroids (standalone: the client's own)."""
+        z, centroids = self._encoded(parameters)
+        return cosine_assign(z, centroids).cpu().numpy()
+
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        """Eq. 3's label; score = cosine similarity to that centroid; metric space = f's output z."""
+        z, centroids = self._encoded(parameters)
+        similarity = normalize(z, dim=1) @ normalize(centroids.to(z), dim=1).T
+        best, labels = similarity.max(dim=1)
+        return Assignment(
+            labels.cpu().numpy(), best.double().cpu().numpy(), "similarity", z.double().cpu().numpy()
+        )
+
+    def _encoded(self, parameters: NDArrays) -> tuple[torch.Tensor, torch.Tensor]:
+        """(z of every local image, the centroids) under the global model (standalone: the client's own)."""
         model, centroids = self._starting_point(parameters)
         if centroids is None and not self.params.federated:
             centroids = self._own_centroids(model)
         if centroids is None:
             raise ValueError("evaluation needs centroids; the server sent none")
         device = self._device()
-        images = self._images(device)
-        z = encode(model.to(device), images)
-        return cosine_assign(z, centroids.to(device)).cpu().numpy()
+        return encode(model.to(device), self._images(device)), centroids.to(device)
 
     # ---------------------------------------------------------------------------------- helpers
     def _images(self, device: torch.device) -> torch.Tensor:

@@ -187,7 +187,9 @@ class CeFMCClient(VerticalClient):
 
     full_representation = False  # CeFMC-H sends H_v every round
 
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit_view(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         X = self.data.features
         if config["phase"] == "init":
             H = init_embedding(X, self.k, np.random.default_rng([self.cfg.seed, self.partition_id]))

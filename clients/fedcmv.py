@@ -67,7 +67,9 @@ class FedCMvClient(VerticalClient):
     the server's choice needs no message.
     """
 
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit_view(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         X = self.data.features
         if config["phase"] == "init":
             C_v = init_centroids(X, choose_initial_samples(self.data.n_samples, self.k, self.cfg.seed))

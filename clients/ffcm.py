@@ -14,6 +14,8 @@ from sklearn.cluster import kmeans_plusplus
 
 from clients.base import ClusteringClient
 from fedapp.clustering import nearest_centre, squared_distances
+from fedapp.methods.ffcm import FFCMConfig
+from fedapp.report import Assignment
 
 INIT_ITERS = 100
 INIT_TOL = 1e-6
@@ -82,3 +84,13 @@ class FFCMClient(ClusteringClient):
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         # argmax_j u_ij is the nearest centre, so hard labels need no memberships
         return nearest_centre(self.data.features, parameters[0])
+
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        """Hard label = nearest centre; score = its FCM membership under the run's fuzzifier."""
+        labels = self.predict(parameters, config)
+        memberships = fcm_memberships(
+            self.data.features, parameters[0], self.cfg.params(FFCMConfig).fuzziness
+        )
+        return Assignment(
+            labels, memberships[np.arange(len(labels)), labels], "membership", self.data.features
+        )

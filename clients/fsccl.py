@@ -21,6 +21,7 @@ from fedapp.losses import instance_contrastive_loss
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.methods.fstc import PHASE_INIT
 from fedapp.models.fsccl import SCCLModel
+from fedapp.report import Assignment
 from fedapp.text_features import local_augmented_embeddings, local_embeddings
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
@@ -140,14 +141,25 @@ class FSCCLClient(ClusteringClient):
         }
         return state_arrays(model), self.data.n_samples, metrics
 
-    @torch.no_grad()
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
+        return self.assign(parameters, config).labels
+
+    @torch.no_grad()
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        """argmax of DEC's soft assignment q; score = that q; metric space = the adapter's output."""
         embeddings = self.views()[0]
         model = self.build_model(embeddings.shape[1])
         load_state_arrays(model, list(parameters), sender="server")
         model.eval()
-        labels = [
-            model.soft_assign(model(embeddings[start : start + EVAL_BATCH])).argmax(1)
-            for start in range(0, embeddings.shape[0], EVAL_BATCH)
+        batches = [
+            embeddings[start : start + EVAL_BATCH] for start in range(0, embeddings.shape[0], EVAL_BATCH)
         ]
-        return torch.cat(labels).cpu().numpy()
+        representations = torch.cat([model(batch) for batch in batches])
+        q = torch.cat([model.soft_assign(model(batch)) for batch in batches])
+        labels = q.argmax(1)
+        return Assignment(
+            labels.cpu().numpy(),
+            q.gather(1, labels[:, None])[:, 0].double().cpu().numpy(),
+            "probability",
+            representations.double().cpu().numpy(),
+        )

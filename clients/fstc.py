@@ -25,6 +25,7 @@ from fedapp.config import RunConfig
 from fedapp.losses import info_nce_loss
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, FSTCConfig
 from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
+from fedapp.report import Assignment
 from fedapp.text_features import local_augmented_embeddings, local_augmented_texts, local_embeddings
 from fedapp.threads import one_blas_thread
 from fedapp.torch_glue import (
@@ -732,10 +733,23 @@ class FSTCClient(ClusteringClient):
     # ------------------------------------------------------------------------------ evaluation
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         """Clusters = argmax O of the global model (Sec. 4)."""
+        return self.assign(parameters, config).labels
+
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        """argmax O; score = softmax(O) of that cluster; metric space = the representations E."""
         inputs = self.local_inputs(augmented=False)
         model = self.build_model(inputs)
         load_state_arrays(model, list(parameters), sender="server")
-        return forward_all(model, inputs, self.update.eval_batch)[1].argmax(1).cpu().numpy()
+        with torch.no_grad():
+            representations, scores = forward_all(model, inputs, self.update.eval_batch)
+        labels = scores.argmax(1)
+        probability = torch.softmax(scores.double(), dim=1).gather(1, labels[:, None])[:, 0]
+        return Assignment(
+            labels.cpu().numpy(),
+            probability.cpu().numpy(),
+            "probability",
+            representations.double().cpu().numpy(),
+        )
 
 
 class FSTCRSTCClient(FSTCClient):

@@ -28,7 +28,6 @@ from fedapp.methods.gfedntm import (
     PHASE_TRAIN,
     PHASE_VOCABULARY,
     GFedNTMConfig,
-    encode_array,
 )
 from fedapp.models.gfedntm import Groups
 from fedapp.ntm import (
@@ -37,9 +36,12 @@ from fedapp.ntm import (
     batch_loss,
     bow_projection,
     build_model,
+    infer_theta,
     make_optimizer,
     model_dtype,
 )
+from fedapp.protocol import encode_array
+from fedapp.report import REPORT_KEY, Assignment
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
     client_rngs,
@@ -129,7 +131,10 @@ class GFedNTMClient(ClusteringClient):
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
-        """Per topic, how many local documents contain each pair of its top words (Eq.-free NPMI input)."""
+        """Per topic, how many local documents contain each pair of its top words (Eq.-free NPMI input);
+        the final report's stages go to the common client."""
+        if REPORT_KEY in config:
+            return super().evaluate(parameters, config)
         if config.get("phase") != PHASE_COOCCURRENCE:
             raise ValueError(f"unknown gfedntm evaluation phase {config.get('phase')!r}")
         top = np.asarray(parameters[0], dtype=np.int64)
@@ -144,6 +149,18 @@ class GFedNTMClient(ClusteringClient):
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         raise NotImplementedError("gFedNTM is evaluated by topic metrics, not cluster labels")
+
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        """Each document's dominant topic under the final model (parameters: vocabulary, then the model
+        state), with its proportion θ as the score: what `predict` reproduces from the saved model."""
+        vocabulary, state = [str(term) for term in parameters[0]], list(parameters[1:])
+        self.context.state[VOCABULARY_KEY] = ConfigRecord({"terms": vocabulary})
+        corpus = self.corpus()
+        model = build_model(self.params, len(vocabulary), self.context_dim(), 0, self.device)
+        load_state_arrays(model, state, sender="server")
+        theta = infer_theta(model, corpus, n_samples=self.params.theta_samples, seed=self.cfg.seed)
+        labels = theta.argmax(1)
+        return Assignment(labels, theta[np.arange(len(labels)), labels], "probability", None)
 
     # -------------------------------------------------------------------------------- data
     def vocabulary(self) -> list[str]:

@@ -8,6 +8,7 @@ from flwr.common import NDArrays, Scalar
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans, nearest_centre
 from fedapp.methods.kfed import KFedConfig
+from fedapp.report import Assignment, nearest_with_distance
 
 
 def local_centres(
@@ -31,3 +32,7 @@ class KFedClient(ClusteringClient):
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         return nearest_centre(self.data.features, parameters[0])
+
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        labels, distances = nearest_with_distance(self.data.features, parameters[0])
+        return Assignment(labels, distances, "distance", self.data.features)

@@ -14,6 +14,7 @@ from clients.kfed import local_centres
 from fedapp.bow import count_matrix, document_frequencies, tfidf_matrix
 from fedapp.clustering import nearest_centre
 from fedapp.methods.textkfed import DOCUMENTS_KEY, PHASE_VOCABULARY, TextKFedConfig
+from fedapp.report import Assignment, nearest_with_distance
 from fedapp.text_features import local_embeddings
 
 
@@ -43,6 +44,11 @@ class BagOfWordsKFedClient(ClusteringClient):
         centres, vocabulary, idf = parameters
         return nearest_centre(self.features(vocabulary, idf), centres)
 
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        centres, vocabulary, idf = parameters
+        rows = self.features(vocabulary, idf)
+        return Assignment(*nearest_with_distance(rows, centres), "distance", rows)
+
 
 class SentenceKFedClient(ClusteringClient):
     """k-FED's local step on the client's sentence embeddings (the encoder FSTC uses)."""
@@ -58,3 +64,7 @@ class SentenceKFedClient(ClusteringClient):
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         return nearest_centre(self.embeddings(), parameters[0])
+
+    def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
+        embeddings = self.embeddings()
+        return Assignment(*nearest_with_distance(embeddings, parameters[0]), "distance", embeddings)

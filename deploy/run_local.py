@@ -2,7 +2,10 @@
 
     .venv/bin/python deploy/run_local.py --method kfed --dataset digits --clients 3 --rounds 2 --out DIR
 
-Each SuperNode gets its own Runtime API port and `--node-config "partition-id=i num-partitions=N"`.
+Each SuperNode gets its own Runtime API port and `--node-config "partition-id=i num-partitions=N
+node-out-dir='DIR/nodes/i'"` (where it writes its records' assignments.csv); with `--node-data SPEC` also
+`dataset='SPEC'` with `{partition-id}` replaced by i: that file is the only data the node reads, as on a
+real machine (no `--dataset` needed; the run config then says only what kind of data is expected).
 Everything this script starts is stopped by PID (process group) at the end, also on error or Ctrl-C;
 the PIDs are written to DIR/deploy-pids.json so a caller can check. For real machines see README.md
 (same commands with TLS and SuperNode authentication instead of --insecure).
@@ -25,6 +28,7 @@ import tomli_w  # noqa: E402
 
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
 from fedapp.config import PROJECT_ROOT, parse_run_config  # noqa: E402
+from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
 from fedapp.results import exit_code  # noqa: E402
 from simulation.presets import apply_preset  # noqa: E402
 from simulation.processes import (  # noqa: E402
@@ -40,7 +44,7 @@ from simulation.processes import (  # noqa: E402
     stop_run,
     wait_for_health,
 )
-from simulation.runner import build_overrides, parse_set_options  # noqa: E402
+from simulation.runner import absolute_spec, build_overrides, parse_set_options  # noqa: E402
 
 START_TIMEOUT_S = 60
 
@@ -54,7 +58,33 @@ class Security:
     unregistered_nodes: int = 0  # extra SuperNodes with keys the SuperLink never saw: they must be refused
 
 
-def deploy(overrides: dict, num_clients: int, work_dir: Path, security: Security = Security()) -> int:
+def node_config(index: int, num_clients: int, out_dir: Path, node_data: str | None) -> str:
+    """A SuperNode's --node-config: its partition, where it writes, and (own data) its file."""
+    items = [
+        f"partition-id={index % num_clients}",
+        f"num-partitions={num_clients}",
+        f"node-out-dir={_toml_string(str(out_dir / 'nodes' / str(index % num_clients)))}",
+    ]
+    if node_data:
+        items.append(
+            f"dataset={_toml_string(node_data.replace(PARTITION_PLACEHOLDER, str(index % num_clients)))}"
+        )
+    return " ".join(items)
+
+
+def _toml_string(value: str) -> str:
+    if "'" in value:
+        raise ValueError(f"a node-config path may not contain a single quote: {value!r}")
+    return f"'{value}'"
+
+
+def deploy(
+    overrides: dict,
+    num_clients: int,
+    work_dir: Path,
+    security: Security = Security(),
+    node_data: str | None = None,
+) -> int:
     """Start SuperLink + SuperNodes, run the app, stop everything; returns `flwr run`'s exit code."""
     flwr_home = work_dir / "flwr-home"
     flwr_home.mkdir(parents=True, exist_ok=True)
@@ -126,7 +156,7 @@ def deploy(overrides: dict, num_clients: int, work_dir: Path, security: Security
                     "--port",
                     str(free_port()),
                     "--node-config",
-                    f"partition-id={index % num_clients} num-partitions={num_clients}",
+                    node_config(index, num_clients, Path(overrides["out-dir"]), node_data),
                 ],
                 env,
                 work_dir / f"supernode{index}.log",
@@ -164,7 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--method", default="kfed")
-    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--dataset", help="a registered dataset or a source spec (default digits)")
+    parser.add_argument(
+        "--node-data",
+        metavar="SPEC",
+        help="each SuperNode reads only its own file, e.g. 'csv:/data/site-{partition-id}.csv'",
+    )
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -182,9 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.node_data and not has_placeholder(args.node_data):
+        print(
+            f"error: --node-data needs {PARTITION_PLACEHOLDER} in its path: {args.node_data}", file=sys.stderr
+        )
+        return 2
     base = {
         "method": args.method,
-        "dataset": args.dataset,
+        "dataset": args.dataset or args.node_data or "digits",
         "num-clients": args.clients,
         "num-rounds": args.rounds,
         "seed": args.seed,
@@ -193,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # fail before starting any process
         overrides = build_overrides(apply_preset(args.preset, base), args.out)
         parse_run_config(overrides)
+        node_data = absolute_spec(args.node_data) if args.node_data else None
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -201,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with interruptible():
                 security = Security(tls=args.tls, auth=args.auth, unregistered_nodes=args.unregistered_nodes)
-                code = deploy(overrides, args.clients, Path(tmp), security)
+                code = deploy(overrides, args.clients, Path(tmp), security, node_data)
         except Interrupted as exc:
             print(f"{exc}: stopped every process this deployment started", file=sys.stderr)
             return exc.exit_code
@@ -216,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     status = result.get("status", "running")
     print(
         f"deployment {status} in {time.perf_counter() - started:.1f} s ({result.get('status_reason', '')}): "
-        + "  ".join(f"{k}={100 * v:.2f}" for k, v in result.get("metrics", {}).items())
+        + "  ".join(
+            f"{k}={v:.4g}" for k, v in result.get("metrics", {}).items() if isinstance(v, int | float)
+        )
     )
     return exit_code(result)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,27 @@ def _parsed(run_config: tuple[tuple[str, Any], ...]) -> RunConfig:
     return parse_run_config(dict(run_config))
 
 
+# Keys a SuperNode may set in its own node config, overriding the run config for that node only: its own
+# data file and columns (deployment: the file is on the node's machine), where it writes, its id secret.
+NODE_KEYS = (
+    "dataset",
+    "data-dir",
+    "text-column",
+    "label-column",
+    "id-column",
+    "feature-columns",
+    "node-out-dir",
+    "id-key",
+)
+
+
+def node_run_config(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config as this node sees it: NODE_KEYS from its node config win."""
+    return {**run_config, **{key: node_config[key] for key in NODE_KEYS if key in node_config}}
+
+
 def client_fn(context: Context) -> Client:
-    cfg = _parsed(tuple(sorted(context.run_config.items())))
+    cfg = _parsed(tuple(sorted(node_run_config(context.run_config, context.node_config).items())))
     spec = method_spec(cfg.method)
     if spec.client is None:
         raise ConfigError(f"method '{cfg.method}' has no federated client")

@@ -34,7 +34,9 @@ class RunConfig(ConfigSection):
 
     method: str = config_key("kfed", doc="which method runs (`python -m simulation methods`)")
     dataset: str = config_key(
-        "digits", doc="a registered dataset or mat:<path> (`python -m simulation datasets`)"
+        "digits",
+        doc="a registered dataset, mat:<path>, or your own file: csv: tsv: jsonl: parquet: npy: npz: images: "
+        "(a {partition-id} in the path gives each client its own file)",
     )
     data_dir: str = config_key("", doc='dataset directory; "" -> $FEDAPP_DATA_DIR -> ../shared/data')
     num_clients: int = config_key(
@@ -88,6 +90,26 @@ class RunConfig(ConfigSection):
     embedding_model: str = config_key(
         DEFAULT_EMBEDDING_MODEL,
         doc="sentence-transformers model name or path (default: the bundled all-MiniLM-L6-v2)",
+    )
+    text_column: str = config_key("text", doc="own data: the column of texts (its presence makes a text set)")
+    label_column: str = config_key(
+        "label", doc="own data: the column of labels; optional (absent: unlabelled)"
+    )
+    id_column: str = config_key("", doc='own data: the column of record ids; "" -> row numbers')
+    feature_columns: str = config_key(
+        "", doc='own data: comma-separated numeric feature columns; "" -> every numeric column but id/label'
+    )
+    node_out_dir: str = config_key(
+        "",
+        doc='where each node writes assignments.csv ({partition-id} allowed); "" -> ./fedapp-results/<run>',
+    )
+    id_key: str = config_key(
+        "", doc="vertical own data: per-run secret for hashing ids (weaker than a node's own id-key)"
+    )
+    keyword_min_docs: int = config_key(
+        5,
+        ge=1,
+        doc="cluster keywords: a term counts only if >= this many of a cluster's documents on one client",
     )
     method_config: ConfigSection | None = field(default=None, compare=True)
 
@@ -183,8 +205,11 @@ def _validate(cfg: RunConfig) -> None:
 
 def _validate_dataset(cfg: RunConfig) -> None:
     """The dataset exists and is of a kind the method can run on (files are checked by the runner)."""
-    from fedapp.datasets import MAT_PREFIX, available_datasets, dataset_info
+    from fedapp.datasets import MAT_PREFIX, available_datasets, dataset_info, is_source_spec
 
+    if is_source_spec(cfg.dataset):
+        _validate_source(cfg)
+        return
     if cfg.dataset.startswith(MAT_PREFIX):
         kind = "multiview"
     elif cfg.dataset in available_datasets():
@@ -198,3 +223,15 @@ def _validate_dataset(cfg: RunConfig) -> None:
             f"method '{cfg.method}' runs on datasets of kind {', '.join(accepted)}; "
             f"'{cfg.dataset}' is of kind {kind} (`python -m simulation datasets`)"
         )
+
+
+def _validate_source(cfg: RunConfig) -> None:
+    """An own-data spec is well formed. Its files are read by whoever holds them (the runner's checks,
+    each node), not here: a server need not see the data."""
+    from fedapp.datasets import SOURCE_PREFIXES
+
+    prefix, _, path = cfg.dataset.partition(":")
+    if not path.strip():
+        raise ConfigError(f"dataset '{cfg.dataset}': give a path after '{prefix}:'")
+    if f"{prefix}:" not in SOURCE_PREFIXES:
+        raise ConfigError(f"dataset '{cfg.dataset}': unknown source prefix; use one of {SOURCE_PREFIXES}")

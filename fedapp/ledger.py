@@ -15,7 +15,7 @@ from typing import Any
 
 from flwr.common import Parameters
 
-PHASES = ("fit", "evaluate")
+PHASES = ("fit", "evaluate", "report")  # report: the final report after the last round
 
 
 def parameters_nbytes(parameters: Parameters | None) -> int:
@@ -73,12 +73,14 @@ class CommLedger:
 
     def summary(self) -> dict[str, Any]:
         """The `comm_bytes` block of summary.json."""
-        fit, evaluate = self.totals("fit"), self.totals("evaluate")
+        fit, evaluate, report = self.totals("fit"), self.totals("evaluate"), self.totals("report")
         return {
             "up": fit["up"],
             "down": fit["down"],
             "total_mb": (fit["up"] + fit["down"]) / 1e6,
             "eval_up": evaluate["up"],
             "eval_down": evaluate["down"],
+            "report_up": report["up"],
+            "report_down": report["down"],
             "per_round": {str(r): v for r, v in sorted(self.round_totals().items())},
         }

@@ -1,9 +1,14 @@
-"""What one client holds: its partition of a registered dataset, resolved from the run config.
+"""What one client holds, resolved from the run config: its partition of a dataset, or its own file.
 
-Every client derives its partition from the same seeded partitioner, so in simulation the union of the
-clients' data is exactly the dataset (nothing is shared: each client computes only its own indices). In
-a real deployment each SuperNode would load its own files instead; this module is the single place that
-maps (run config, partition id) to local arrays.
+Two ways to hold data:
+
+- a partition: every client derives its rows from the same seeded partitioner over one dataset (a
+  registered name, `mat:`, or a single own file), so in simulation the union of the clients' data is
+  exactly the dataset (nothing is shared: each client computes only its own indices);
+- its own file: a source spec with a `{partition-id}` placeholder (simulation), or a `dataset` in the
+  node's own config (deployment): the client reads that file whole, and nothing else.
+
+This module is the single place that maps (run config, partition id) to local arrays.
 """
 
 from __future__ import annotations
@@ -14,7 +19,16 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from fedapp.config import RunConfig
-from fedapp.datasets import Dataset, load_dataset, resolve_data_dir
+from fedapp.datasets import (
+    Columns,
+    Dataset,
+    DatasetError,
+    has_placeholder,
+    is_source_spec,
+    load_dataset,
+    resolve_data_dir,
+)
+from fedapp.methods import method_spec
 from fedapp.partition import partition_indices, vertical_view
 from fedapp.preprocessing import scale_view
 
@@ -40,6 +54,18 @@ class LocalData:
     @property
     def n_classes(self) -> int:
         return self.dataset.n_classes
+
+    @property
+    def labelled(self) -> bool:
+        """Whether this data has ground truth (own files may not: label-free metrics only)."""
+        return self.dataset.labelled
+
+    @cached_property
+    def ids(self) -> list[str]:
+        """Each row's record id, as read (own files), else its row number in the dataset."""
+        if self.dataset.ids is not None:
+            return [self.dataset.ids[i] for i in self.indices]
+        return [str(i) for i in self.indices.tolist()]
 
     @cached_property
     def labels(self) -> np.ndarray:
@@ -70,16 +96,72 @@ class LocalData:
         return [self.dataset.texts[i] for i in self.indices]
 
 
-def load_run_dataset(cfg: RunConfig) -> Dataset:
-    """The dataset named by the run config (cached by the data registry)."""
+def columns_of(cfg: RunConfig) -> Columns:
+    """The own-data column keys of a run (or of a node, whose node config may override them)."""
+    return Columns.parse(cfg.text_column, cfg.label_column, cfg.id_column, cfg.feature_columns)
+
+
+def expected_kind(method: str) -> str | None:
+    """ "texts" for a text-only method, so that a table without the text column is that error (not "no
+    numeric columns"); None otherwise (`check_kind` then checks what the file gave)."""
+    modalities = method_spec(method).modalities
+    if "texts" in modalities and not {"vectors", "multiview", "images"} & set(modalities):
+        return "texts"
+    return None
+
+
+def load_run_dataset(cfg: RunConfig, partition_id: int | None = None) -> Dataset:
+    """The dataset named by the run config (cached by the data registry); for a spec with a
+    `{partition-id}`, client `partition_id`'s file."""
+    if is_source_spec(cfg.dataset):
+        data = load_dataset(
+            cfg.dataset,
+            seed=cfg.seed,
+            max_samples=cfg.max_samples,
+            columns=columns_of(cfg),
+            partition_id=partition_id if has_placeholder(cfg.dataset) else None,
+            expect_kind=expected_kind(cfg.method),
+        )
+        check_kind(data, cfg)
+        return data
     return load_dataset(
         cfg.dataset, resolve_data_dir(cfg.data_dir or None), seed=cfg.seed, max_samples=cfg.max_samples
     )
 
 
+def check_kind(data: Dataset, cfg: RunConfig) -> None:
+    """An own file of a kind the method cannot read is the file's error (one line naming it)."""
+    expected = expected_kind(cfg.method)
+    accepted = method_spec(cfg.method).modalities
+    vertical_ok = data.kind == "vectors" and "multiview" in accepted
+    if data.kind not in accepted and not vertical_ok:
+        hint = f"; set text-column (now '{cfg.text_column}')" if expected == "texts" else ""
+        raise DatasetError(
+            f"{data.name}: method '{cfg.method}' needs {' or '.join(accepted)}, "
+            f"this file gives {data.kind}{hint}"
+        )
+
+
+def owns_file(cfg: RunConfig, node_dataset: bool) -> bool:
+    """Whether a client reads a whole file of its own instead of a partition of a shared dataset."""
+    return node_dataset or (is_source_spec(cfg.dataset) and has_placeholder(cfg.dataset))
+
+
+def own_file(cfg: RunConfig, partition_id: int) -> LocalData:
+    """Every row of this client's own file, scaled per `cfg.scaling`."""
+    data = load_run_dataset(cfg, partition_id)
+    return LocalData(data, np.arange(data.n_samples), cfg.scaling)
+
+
 def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
     """This client's horizontal partition (vector features: a multi-view set's views concatenated),
     scaled by the client on its own rows per `cfg.scaling` ("none" keeps the dataset's arrays as they are)."""
+    if is_source_spec(cfg.dataset):
+        data = load_run_dataset(cfg)
+        parts = partition_indices(
+            data.y, num_partitions, cfg.partition, seed=cfg.seed, p=cfg.p, ratio=cfg.ratio, alpha=cfg.alpha
+        )
+        return LocalData(data, parts[partition_id], cfg.scaling)
     return _local_partition(
         cfg.dataset,
         cfg.data_dir,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fedapp.checkpoint import checkpoint_dir
 from fedapp.config import ConfigError, RunConfig
+from fedapp.datasets import Dataset, DatasetError, has_placeholder, is_source_spec
 from fedapp.local_data import load_run_dataset, views_of
 from fedapp.methods import method_spec
 from fedapp.partition import partition_indices
@@ -31,7 +32,12 @@ def check_run(cfg: RunConfig, num_clients: int) -> None:
             f"resume=true but there is no checkpoint in {checkpoint_dir(cfg, Path(cfg.out_dir))} "
             "(the first run needs checkpoint-every > 0)"
         )
+    if is_source_spec(cfg.dataset) and has_placeholder(cfg.dataset):
+        check_own_files(cfg, num_clients)
+        return
     data = load_run_dataset(cfg)  # reads and parses every file: a corrupt one fails here
+    if not cfg.k and not method_spec(cfg.method).own_k and not data.labelled:
+        raise ConfigError(f"dataset '{cfg.dataset}' has no labels, so k cannot default to the classes: set k")
     k = cfg.k or data.n_classes
     if method_spec(cfg.method).vertical:
         n_views = len(views_of(data))
@@ -55,6 +61,47 @@ def check_run(cfg: RunConfig, num_clients: int) -> None:
             f"k={k} clusters but client {smallest} holds only {sizes[smallest]} samples under partition "
             f"'{cfg.partition}' with {num_clients} clients (sizes {min(sizes)}..{max(sizes)}): use fewer "
             "clients, a smaller k, or another partition"
+        )
+
+
+def check_own_files(cfg: RunConfig, num_clients: int) -> None:
+    """One file per client (`{partition-id}`): each reads, fits the method, holds k records, and every
+    client's vectors have the same width. Errors name the client (and, from the reader, file/row/column)."""
+    files: list[Dataset] = []
+    for partition_id in range(num_clients):
+        try:
+            files.append(load_run_dataset(cfg, partition_id))
+        except DatasetError as exc:
+            raise DatasetError(f"client {partition_id}: {exc}") from None
+    vertical = method_spec(cfg.method).vertical
+    labelled = [data.labelled for data in files]
+    if not cfg.k and not method_spec(cfg.method).own_k and not all(labelled):
+        unlabelled = [i for i, has in enumerate(labelled) if not has]
+        raise ConfigError(f"client(s) {unlabelled} have no labels, so k cannot default to the classes: set k")
+    k = cfg.k or max(data.n_classes for data in files)
+    for partition_id, data in enumerate(files):
+        if data.n_samples < k:
+            raise ConfigError(
+                f"client {partition_id}: {data.name} holds {data.n_samples} records, "
+                f"fewer than k={k} clusters"
+            )
+        if vertical and data.ids is None:
+            raise ConfigError(
+                f"client {partition_id}: {data.name}: vertical parties align by id: set id-column"
+            )
+    if vertical:
+        return
+    widths = {
+        i: data.image_shape or data.features.shape[1]
+        for i, data in enumerate(files)
+        if data.images is not None or data.vectors is not None
+    }
+    if len(set(widths.values())) > 1:
+        first = min(widths)
+        odd = next(i for i, width in widths.items() if width != widths[first])
+        raise DatasetError(
+            f"client {odd}: {files[odd].name} has shape {widths[odd]} per record, client "
+            f"{first}'s file {widths[first]}: every node needs the same feature columns / image size"
         )
 
 

@@ -6,6 +6,7 @@ vectors with `label_dtype`. Both import from here, so `clients/` and `strategies
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,3 +62,20 @@ LABEL_HOLDER = 0  # vertical federation: the party whose copy of the labels scor
 def label_dtype(k: int) -> np.dtype:
     """Smallest unsigned integer type for labels in [0, k): what crosses the wire for label vectors."""
     return np.dtype(np.uint8 if k <= 256 else np.uint16 if k <= 65536 else np.int32)
+
+
+def encode_array(array: np.ndarray) -> bytes:
+    """An array as `np.save` bytes (no pickle), for a metrics or config value."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def decode_array(blob: bytes) -> np.ndarray:
+    """The inverse of `encode_array`; ValueError for anything that is not a plain saved array."""
+    if not isinstance(blob, bytes):
+        raise ValueError(f"expected bytes, got {type(blob).__name__}")
+    try:
+        return np.load(io.BytesIO(blob), allow_pickle=False)
+    except (OSError, EOFError) as exc:
+        raise ValueError(f"not a saved array: {exc}") from None

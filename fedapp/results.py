@@ -131,4 +131,19 @@ def format_metrics_table(rows: Sequence[Mapping[str, Any]]) -> str:
             f"{row.get('wall_seconds', 0.0):.1f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    free = [(row, row.get("report", {}).get("label_free")) for row in rows]
+    if any(metrics for _, metrics in free):  # the label-free metrics, on a table of their own
+        lines += ["", "| method | dataset | " + " | ".join(LABEL_FREE_KEYS) + " | clusters used |"]
+        lines.append("|" + "---|" * (len(LABEL_FREE_KEYS) + 3))
+        for row, metrics in free:
+            if metrics:
+                values = [_number(metrics.get(key)) for key in (*LABEL_FREE_KEYS, "n_clusters_used")]
+                lines.append(f"| {row.get('method')} | {row.get('dataset')} | " + " | ".join(values) + " |")
     return "\n".join(lines)
+
+
+LABEL_FREE_KEYS = ("inertia", "calinski_harabasz", "davies_bouldin", "simplified_silhouette")
+
+
+def _number(value: Any) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:.4g}"

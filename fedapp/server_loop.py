@@ -9,6 +9,7 @@ honest `status`.
 
 from __future__ import annotations
 
+import re
 import time
 import timeit
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from flwr.common import (
     log,
 )
 from flwr.server import Server, ServerConfig
+from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat import LegacyContext
 from flwr.server.compat.app_utils import start_update_client_manager_thread
@@ -42,6 +44,9 @@ from flwr.server.workflow.default_workflows import default_evaluate_workflow, de
 from flwr.serverapp import Grid
 
 from fedapp.config import RunConfig
+from fedapp.report import STAGES
+
+REPORT_GROUP = 0  # message group id of the final report (Flower's rounds start at 1)
 
 
 @runtime_checkable
@@ -59,6 +64,18 @@ class FinalizingStrategy(Protocol):
 
     def round_done(self, server_round: int) -> None:
         """A round (fit and evaluation) is over: the moment to checkpoint."""
+        ...
+
+    def configure_report(
+        self, stage: str, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """The final report's instructions for `stage` ([] : nothing to do)."""
+        ...
+
+    def aggregate_report(
+        self, stage: str, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[BaseException]
+    ) -> bool:
+        """Take a report stage's replies; False: the report cannot go on."""
         ...
 
     def resume_point(self) -> tuple[int, Parameters | None]:
@@ -122,11 +139,41 @@ class FedappServer(Server):
                 if strategy.done:
                     log(INFO, "the strategy is done after round %d of %d", server_round, num_rounds)
                     break
+            run_report(strategy, self._client_manager, timeout, self.max_workers)
         except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the summary must say so
             strategy.finalize(failure=f"{type(exc).__name__}: {exc}")
             raise
         strategy.finalize()
         return history, timeit.default_timer() - start
+
+
+def run_report(
+    strategy: FinalizingStrategy,
+    client_manager: ClientManager,
+    timeout: float | None,
+    max_workers: int | None,
+) -> None:
+    """The final report (`fedapp.report`): each stage's messages out, replies to the strategy."""
+    for stage in STAGES:
+        instructions = strategy.configure_report(stage, client_manager)
+        if not instructions:
+            return
+        group = REPORT_GROUP
+        if _on_grid(instructions):
+            results, failures = exchange(instructions, group, timeout)
+        else:
+            results, failures = evaluate_clients(instructions, max_workers, timeout, group)  # type: ignore[arg-type]
+        if not strategy.aggregate_report(stage, results, failures):  # type: ignore[arg-type]
+            return
+
+
+_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]*\.)?(\w+)'>:<['\"](.*)['\"]>$", re.DOTALL)
+
+
+def readable_reason(reason: str) -> str:
+    """Flower's "<class 'pkg.mod.Error'>:<'message'>" as "Error: message" (anything else unchanged)."""
+    match = _FLOWER_REASON.match(reason.strip())
+    return f"{match.group(1)}: {match.group(2)}" if match else reason
 
 
 def _on_grid(instructions: Sequence[tuple[ClientProxy, object]]) -> bool:
@@ -173,6 +220,7 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
             strategy.round_done(server_round)
             if strategy.done:
                 break
+        run_report(strategy, legacy.client_manager, config.round_timeout, None)
     except BaseException as exc:
         strategy.finalize(failure=f"{type(exc).__name__}: {exc}")
         raise
@@ -237,7 +285,8 @@ def exchange(
     failures: list[BaseException] = [TimeoutError(f"no reply within {timeout} s") for _ in pending]
     for message_id, reply in replies.items():
         if reply.has_error():
-            failures.append(RuntimeError(f"client error: {reply.error.reason}"))
+            cid = proxy_of[message_id].cid
+            failures.append(RuntimeError(f"client {cid} error: {readable_reason(reply.error.reason)}"))
             continue
         res = (
             compat.recorddict_to_fitres(reply.content, False)

@@ -1,4 +1,4 @@
-"""CLI: `python -m simulation {run,experiment,datasets,methods}` (see simulation/runner.py)."""
+"""CLI: `python -m simulation {run,experiment,predict,datasets,methods}` (see simulation/runner.py)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     experiment.add_argument("--seeds", type=int, nargs="+", help="these seeds instead of the file's")
 
+    predict = sub.add_parser("predict", help="assign the records of a file with a run's saved model (local)")
+    predict.add_argument("--model", required=True, type=Path, help="a run's output directory or its model/")
+    predict.add_argument(
+        "--dataset", required=True, help="one file: csv:PATH, jsonl:PATH, npy:PATH, images:DIR ..."
+    )
+    predict.add_argument(
+        "--out", required=True, type=Path, help="the assignments CSV to write (id,cluster,score)"
+    )
+    predict.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set text-column=body"
+    )
+
     datasets = sub.add_parser("datasets", help="list registered datasets: kind, accepting methods, files")
     datasets.add_argument("--markdown", action="store_true", help="a markdown table (as in README.md)")
     methods = sub.add_parser("methods", help="list methods with their config keys, defaults and presets")
@@ -129,6 +141,16 @@ def main(argv: list[str] | None = None) -> int:
 def _command(args: argparse.Namespace) -> int:
     if args.command == "stop-local-superlink":
         return _stop_local_superlinks(args.flwr_home)
+    if args.command == "predict":
+        from fedapp.model_store import ModelError
+        from simulation.predict import predict
+
+        try:
+            rows = predict(args.model, args.dataset, args.out, parse_set_options(args.set))
+        except ModelError as exc:
+            raise ConfigError(str(exc)) from None
+        print(f"wrote {args.out}: {rows} records")
+        return 0
     if args.command == "datasets":
         infos = dataset_infos()
         columns = shutil.get_terminal_size().columns

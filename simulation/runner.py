@@ -10,6 +10,7 @@ Centralized references (method `kmeans`) run directly, without Flower.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,15 @@ from typing import Any
 import tomli_w
 
 from fedapp.config import PROJECT_ROOT, ConfigError, RunConfig, default_run_config, parse_run_config
-from fedapp.datasets import MAT_PREFIX, load_dataset, require_files, resolve_data_dir
+from fedapp.datasets import (
+    MAT_PREFIX,
+    PARTITION_PLACEHOLDER,
+    has_placeholder,
+    is_source_spec,
+    load_dataset,
+    require_files,
+    resolve_data_dir,
+)
 from fedapp.local_data import views_of
 from fedapp.methods import METHODS, method_spec
 from fedapp.preflight import check_run
@@ -130,8 +139,21 @@ def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         relative = Path(dataset.removeprefix(MAT_PREFIX)).expanduser()
         if not relative.is_absolute() and relative.is_file():
             overrides["dataset"] = MAT_PREFIX + str(relative.resolve())
+    if is_source_spec(dataset):  # the user's own file(s): relative to where the command runs
+        overrides["dataset"] = absolute_spec(dataset)
     spec = METHODS.get(str(overrides.get("method")))
-    if spec is not None and spec.vertical:  # one client per view
+    own_files = is_source_spec(dataset) and has_placeholder(dataset)
+    if spec is not None and spec.vertical and is_source_spec(dataset) and not own_files:
+        raise ConfigError(
+            f"vertical method '{spec.name}' reads one file per party: put {PARTITION_PLACEHOLDER} in the "
+            f"path, e.g. '{dataset.partition(':')[0]}:/data/view-{PARTITION_PLACEHOLDER}.csv'"
+        )
+    if spec is not None and spec.vertical and own_files:  # one file per party: --clients says how many
+        if not overrides.get("num-clients"):
+            raise ConfigError(
+                f"dataset '{dataset}' has one file per party: give --clients (the number of views)"
+            )
+    elif spec is not None and spec.vertical:  # one client per view
         n_views = count_views(overrides)
         if overrides.get("num-clients") and int(overrides["num-clients"]) != n_views:
             raise ConfigError(
@@ -148,10 +170,18 @@ def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     if spec is not None and spec.default_rounds and "num-rounds" not in overrides:
         overrides["num-rounds"] = spec.default_rounds  # the method's own schedule (e.g. FSTC's 1 + 40)
     overrides["out-dir"] = str(out_dir.resolve())
+    node_dir = str(overrides.get("node-out-dir") or out_dir.resolve() / "nodes" / PARTITION_PLACEHOLDER)
+    overrides["node-out-dir"] = os.path.abspath(os.path.expanduser(node_dir))  # each client: OUT/nodes/<id>
     data_dir = resolve_data_dir(overrides.get("data-dir") or None)
     if data_dir is not None:
         overrides["data-dir"] = str(Path(data_dir).resolve())
     return overrides
+
+
+def absolute_spec(spec: str) -> str:
+    """A source spec with its path made absolute (Flower's processes run in other directories)."""
+    prefix, _, path = spec.partition(":")
+    return f"{prefix}:{os.path.abspath(os.path.expanduser(path))}"
 
 
 def count_views(overrides: Mapping[str, Any]) -> int:
@@ -191,7 +221,8 @@ def execute(
     resources.validate()
     if cfg.device == "cuda" and cuda_device_count() == 0:
         raise ConfigError("run-config device='cuda' but no CUDA GPU is visible on this machine")
-    require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
+    if not is_source_spec(cfg.dataset):  # own files are read whole by check_run
+        require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
     check_run(cfg, cfg.num_clients)  # ... and data that does not parse, an impossible partition, k, out-dir
     out_dir = Path(cfg.out_dir)
     summary_path = out_dir / "summary.json"

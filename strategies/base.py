@@ -39,8 +39,10 @@ from fedapp.client_runtime import SECONDS_KEY
 from fedapp.config import RunConfig
 from fedapp.ledger import CommLedger, mapping_nbytes, parameters_nbytes
 from fedapp.metrics import clustering_metrics, decode_table
-from fedapp.protocol import ArraySpec, ReplyError, check_arrays
+from fedapp.protocol import ArraySpec, ReplyError, check_arrays, decode_array
+from fedapp.report import SIZES_KEY
 from fedapp.results import PROGRESS_MARKER, default_out_dir, write_run_outputs
+from strategies.report import ReportingStrategy
 
 CLIENT_WAIT_S = 300
 NODE_POLL_S = (0.01, 0.5)  # first and longest pause between looks at the connected clients
@@ -113,7 +115,7 @@ def consistent_replies(replies: list[ClientReply], server_round: int, axis: int 
     return keep_modal(replies, server_round, lambda reply: int(reply.arrays[0].shape[axis]), "dimension")
 
 
-class ClusteringStrategy(Strategy):
+class ClusteringStrategy(ReportingStrategy, Strategy):
     """Base class: see the module docstring. Subclasses implement `reply_spec` and `aggregate`."""
 
     method = "base"
@@ -153,6 +155,7 @@ class ClusteringStrategy(Strategy):
         self.timing: dict[int, dict[str, float]] = {}  # per round: server, client and remaining seconds
         self._plotted = -PLOT_EVERY_S
         self.resumed_from: int | None = None  # the checkpointed round this run continued after
+        self._init_report()
 
     # ----------------------------------------------------------------------------------------- hooks
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
@@ -173,6 +176,11 @@ class ClusteringStrategy(Strategy):
 
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
         raise NotImplementedError
+
+    def expected_arrays(self, server_round: int) -> list[ArraySpec]:
+        """What a valid reply of this round holds (the method's `reply_spec`, unless a shared phase such
+        as the vertical id alignment takes the round)."""
+        return self.reply_spec(server_round)
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         """Cross-reply consistency (e.g. one feature dimension); default: keep all. Dropped = rejected."""
@@ -430,7 +438,7 @@ class ClusteringStrategy(Strategy):
         return None, stats
 
     def _validated(self, server_round: int, client: ClientProxy, res: FitRes) -> ClientReply:
-        specs = self.reply_spec(server_round)
+        specs = self.expected_arrays(server_round)
         size, limit = parameters_nbytes(res.parameters), _max_bytes(specs)
         if size > limit:  # checked on the raw bytes: an oversized reply is never decoded
             raise ReplyError(f"oversized reply: {size} bytes, at most {limit} expected")
@@ -474,12 +482,18 @@ class ClusteringStrategy(Strategy):
         for failure in failures:
             log(WARNING, "round %d: evaluation failure: %s", server_round, _describe_failure(failure))
         tables: list[tuple[str, np.ndarray]] = []
+        unlabelled: list[np.ndarray] = []  # cluster sizes of clients without labels
         for client, res in sorted(results, key=lambda item: item[0].cid):
             self.ledger.record(server_round, client.cid, "evaluate", up=mapping_nbytes(res.metrics))
             try:
-                tables.append((client.cid, _table_from(res)))
+                if SIZES_KEY in res.metrics and "table" not in res.metrics:
+                    unlabelled.append(_sizes_from(res, self.k))
+                else:
+                    tables.append((client.cid, _table_from(res)))
             except ValueError as exc:
-                log(WARNING, "round %d: rejected table from client %s: %s", server_round, client.cid, exc)
+                log(
+                    WARNING, "round %d: rejected evaluation from client %s: %s", server_round, client.cid, exc
+                )
         total: np.ndarray | None = None
         if tables:
             shape = _modal([table.shape for _, table in tables])  # one odd client cannot set the shape
@@ -495,6 +509,11 @@ class ClusteringStrategy(Strategy):
                     )
                     continue
                 total = table if total is None else total + table
+        if total is None and unlabelled:  # nobody has labels: what the clustering looks like, by size
+            sizes = np.sum(unlabelled, axis=0)
+            metrics = size_metrics(sizes)
+            self.record_evaluation(server_round, metrics, evaluated=0, cluster_sizes=sizes.tolist())
+            return None, dict(metrics)
         if total is None:
             log(WARNING, "round %d: no valid evaluation reply", server_round)
             self.report_round(server_round)
@@ -555,7 +574,10 @@ class ClusteringStrategy(Strategy):
 
     def headline_text(self, metrics: dict[str, float]) -> str:
         """The headline metrics in the progress line (percentages; methods with other scales override)."""
-        return " ".join(f"{key} {100 * metrics[key]:.2f}" for key in self.headline_metrics)
+        if not any(key in metrics for key in self.headline_metrics):  # unlabelled: sizes only
+            used, largest = metrics.get("clusters_used", 0.0), metrics.get("largest_share", 0.0)
+            return f"clusters used {used:.0f} largest {100 * largest:.1f}%"
+        return " ".join(f"{key} {100 * metrics[key]:.2f}" for key in self.headline_metrics if key in metrics)
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         return None  # no server-side data: evaluation is federated (contingency tables)
@@ -608,6 +630,7 @@ class ClusteringStrategy(Strategy):
         completed: every configured round ran with every client.
         """
         if self.status != "running" and failure is None:  # already decided (a stop), the loop confirms
+            self.write_model()
             self.write_outputs()
             return
         if failure is not None:
@@ -628,6 +651,7 @@ class ClusteringStrategy(Strategy):
             else:
                 self.status, self.status_reason = "completed", self.stop_reason
         log(INFO, "%s status: %s (%s)", PROGRESS_MARKER, self.status, self.status_reason)
+        self.write_model()
         self.write_outputs()
 
     def _losses(self) -> list[str]:
@@ -643,6 +667,12 @@ class ClusteringStrategy(Strategy):
             missed = sum(len(record.get(key, [])) for record in self.participation.values())
             if missed:
                 problems.append(f"{missed} client-rounds {words}")
+        if self.failure_messages:  # why, in the clients' own words (a node's bad file names itself)
+            problems.append("first client error: " + self.failure_messages[0][:300])
+        for stage, cids in self.report.get("problems", {}).items():
+            problems.append(
+                f"{len(cids)} client(s) missing from the final report ({stage}): {', '.join(cids)}"
+            )
         last_evaluated = self.history[-1]["round"] if self.history else 0
         if self.finished is False and last_evaluated < self.rounds_run:
             problems.append(f"the last evaluation is from round {last_evaluated} of {self.rounds_run}")
@@ -665,9 +695,11 @@ class ClusteringStrategy(Strategy):
             "stop_reason": self.stop_reason,
             "num_rounds": self.cfg.num_rounds,
             "excluded_clients": dict(sorted(self.excluded.items())),
+            "failure_messages": self.failure_messages,
             "config": self.cfg.to_dict(),
             "participation": {str(r): record for r, record in sorted(self.participation.items())},
             "timing": {str(r): record for r, record in sorted(self.timing.items())},
+            "report": self.report,
             **self.extra_summary(),
         }
 
@@ -713,6 +745,21 @@ def _consensus_k(results: list[tuple[ClientProxy, FitRes]]) -> int | None:
     reported = [res.metrics.get("k") for _, res in results]
     valid = [k for k in reported if isinstance(k, int) and not isinstance(k, bool) and k > 0]
     return _modal(valid) if valid else None
+
+
+def size_metrics(sizes: np.ndarray) -> dict[str, float]:
+    """What an unlabelled evaluation can say: how many clusters hold records, the largest one's share."""
+    total = max(int(sizes.sum()), 1)
+    return {"clusters_used": float((sizes > 0).sum()), "largest_share": float(sizes.max(initial=0) / total)}
+
+
+def _sizes_from(res: EvaluateRes, k: int | None) -> np.ndarray:
+    sizes = decode_array(res.metrics.get(SIZES_KEY))  # type: ignore[arg-type]
+    if sizes.ndim != 1 or (k is not None and sizes.shape != (k,)) or sizes.dtype.kind not in "iu":
+        raise ValueError(f"cluster sizes of shape {sizes.shape} {sizes.dtype}")
+    if (sizes < 0).any() or int(sizes.sum()) != res.num_examples:
+        raise ValueError("cluster sizes are negative or do not add up to the client's records")
+    return sizes.astype(np.int64)
 
 
 def _table_from(res: EvaluateRes) -> np.ndarray:

@@ -49,7 +49,6 @@ from fedapp.methods.gfedntm import (
     PHASE_TRAIN,
     PHASE_VOCABULARY,
     GFedNTMConfig,
-    decode_array,
 )
 from fedapp.ntm import (
     Corpus,
@@ -62,7 +61,7 @@ from fedapp.ntm import (
     steps_per_epoch,
     top_words,
 )
-from fedapp.protocol import ArraySpec, ReplyError
+from fedapp.protocol import ArraySpec, ReplyError, decode_array
 from fedapp.topic_metrics import (
     document_similarity_score,
     npmi_from_cooccurrence,
@@ -379,6 +378,22 @@ class GFedNTMStrategy(ClusteringStrategy):
             "tss_double_softmax": topic_similarity_score(
                 to_full_vocabulary(reference_double_softmax(beta), columns, size), truth.topics
             ),
+        }
+
+    def report_parameters(self) -> Parameters | None:
+        """Vocabulary, then the model state: what a client (or `predict`) needs to infer topics."""
+        if not self.training or self.vocabulary is None:
+            return None
+        assert self.model is not None
+        return ndarrays_to_parameters([np.array(self.vocabulary, dtype=np.str_), *state_arrays(self.model)])
+
+    def model_description(self) -> dict[str, Any]:
+        if not self.training:
+            return {}
+        top = top_words(self.topic_word(), DIVERSITY_TOP_WORDS)
+        return {
+            "topic_words": [[self.vocabulary[j] for j in row[:NPMI_TOP_WORDS]] for row in top],  # type: ignore[index]
+            "vocabulary_size": len(self.vocabulary or ()),
         }
 
     def extra_summary(self) -> dict[str, Any]:

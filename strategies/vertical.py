@@ -11,15 +11,18 @@ label holder (partition 0) scores it, because every party holds the same samples
 
 from __future__ import annotations
 
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, GetPropertiesIns, Parameters, log, ndarrays_to_parameters
+from flwr.common import FitIns, GetPropertiesIns, Parameters, Scalar, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
+from fedapp.alignment import ALIGN_KEY, ALIGNED_KEY, AlignmentError, intersect
 from fedapp.config import RunConfig
-from fedapp.protocol import LABEL_HOLDER, ReplyError, label_dtype
+from fedapp.datasets import is_source_spec
+from fedapp.protocol import LABEL_HOLDER, ArraySpec, ReplyError, label_dtype
+from fedapp.results import PROGRESS_MARKER
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
 
@@ -37,6 +40,10 @@ class VerticalStrategy(ClusteringStrategy):
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
+        self.own_data = is_source_spec(cfg.dataset)  # parties' own files: line them up by id first
+        self.aligned_ids: np.ndarray | None = None  # the intersection of the parties' id hashes
+        self.alignment: dict[str, dict[str, int]] = {}  # party -> its rows and how many were left out
+        self._intersection_sent: set[str] = set()
         self.n_views: int | None = cfg.num_clients or None
         self.n_samples: int | None = None
         self.objectives: list[float] = []  # one per update round
@@ -71,18 +78,43 @@ class VerticalStrategy(ClusteringStrategy):
 
     def extra_summary(self) -> dict[str, Any]:
         stale = {str(r): views for r, views in sorted(self.stale_views.items())}
-        return {"objective_per_round": self.objectives, "stale_views": stale}
+        summary = {"objective_per_round": self.objectives, "stale_views": stale}
+        if self.own_data:
+            summary["alignment"] = dict(sorted(self.alignment.items(), key=lambda kv: int(kv[0])))
+        return summary
 
     def needs_every_client(self, server_round: int) -> bool:
         return not self.initialised()
+
+    @property
+    def aligning(self) -> bool:
+        """This round collects the parties' id hashes (own data, before anything else)."""
+        return self.own_data and self.aligned_ids is None
+
+    def fit_config(self, server_round: int) -> dict[str, Scalar]:
+        config = super().fit_config(server_round)
+        if self.aligning:
+            return {"server-round": server_round, ALIGN_KEY: True}
+        return config
+
+    def expected_arrays(self, server_round: int) -> list[ArraySpec]:
+        if self.aligning:
+            return [ArraySpec("id-hashes", (None,), kind="U")]
+        return super().expected_arrays(server_round)
 
     # ------------------------------------------------------------------------------------ protocol
     def fit_instructions(
         self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
     ) -> list[tuple[ClientProxy, FitIns]]:
         config = self.fit_config(server_round)
-        if not self.initialised():
+        if self.aligning:
             ins = FitIns(ndarrays_to_parameters([]), config)
+            return [(client, ins) for client in clients]
+        if not self.initialised():
+            arrays: list[np.ndarray] = []
+            if self.aligned_ids is not None:  # every party lines its rows up before the first step
+                arrays, config = [self.aligned_ids], {**config, ALIGNED_KEY: True}
+            ins = FitIns(ndarrays_to_parameters(arrays), config)
             return [(client, ins) for client in clients]
         instructions = []
         for client in clients:
@@ -122,6 +154,8 @@ class VerticalStrategy(ClusteringStrategy):
         return None
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+        if self.aligning:  # parties may hold different numbers of records before the alignment
+            return replies
         # the first replies fix N (every view has the same samples): a client with other rows is rejected
         return consistent_replies(replies, server_round, axis=0) if self.n_samples is None else replies
 
@@ -135,7 +169,37 @@ class VerticalStrategy(ClusteringStrategy):
             if array.dtype.kind in "iu" and array.size and (array.min() < 0 or array.max() >= (self.k or 0)):
                 raise ReplyError(f"labels outside [0, {self.k})")
 
+    def align(self, replies: list[ClientReply]) -> None:
+        """Intersect the parties' id hashes (`fedapp.alignment`); a tiny overlap stops the run."""
+        n_views = self.n_views or self.clients_seen
+        hashes = {reply.partition_id: reply.arrays[0] for reply in replies}
+        missing = sorted(set(range(n_views)) - set(hashes))
+        if missing:
+            raise ValueError(f"parties {missing} of {n_views} sent no ids: the alignment needs every party")
+        assert self.k is not None
+        try:
+            common = intersect(hashes, self.k)
+        except AlignmentError as exc:
+            self._stop(str(exc))
+            return
+        self.aligned_ids = common
+        self.alignment = {
+            str(party): {"rows": int(len(ids)), "left_out": int(len(ids) - len(common))}
+            for party, ids in sorted(hashes.items())
+        }
+        log(
+            INFO,
+            "%s aligned %d records across %d parties (left out: %s)",
+            PROGRESS_MARKER,
+            len(common),
+            n_views,
+            ", ".join(f"party {p} {v['left_out']}" for p, v in self.alignment.items()),
+        )
+
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
+        if self.aligning:
+            self.align(replies)
+            return None
         n_views = self.n_views or self.clients_seen
         by_view: dict[int, ClientReply] = {}
         for reply in replies:

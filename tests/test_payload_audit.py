@@ -8,6 +8,7 @@ Evaluation replies are contingency tables (cluster x class counts): their size i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,12 @@ from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, parameters_to_
 
 import fedapp.inprocess as inprocess
 from fedapp.config import parse_run_config
+from fedapp.label_free import decode_cluster_sums, decode_distance_sums
 from fedapp.local_data import load_run_dataset, local_partition
 from fedapp.methods import METHODS
 from fedapp.metrics import decode_table
+from fedapp.protocol import decode_array
+from fedapp.report import DISTANCES_KEY, REPORT_KEY, SIZES_KEY, STAGE_ASSIGN, SUMS_KEY, TERMS_KEY
 from simulation.runner import build_overrides, execute
 
 # A short, cheap run per federated method (add one for every new method: the test fails without it).
@@ -61,6 +65,14 @@ AUDIT_RUNS: dict[str, dict[str, Any]] = {
 }
 
 
+DECODERS = {
+    SIZES_KEY: lambda blob: [decode_array(blob).shape],
+    SUMS_KEY: lambda blob: [decode_cluster_sums(blob).counts.shape, decode_cluster_sums(blob).sums.shape],
+    DISTANCES_KEY: lambda blob: [decode_distance_sums(blob).distance_sums.shape],
+    TERMS_KEY: lambda blob: [(len(json.loads(blob)),)],
+}
+
+
 class _Recorder:
     """Collects the shapes of every array crossing the wire, per direction."""
 
@@ -75,6 +87,9 @@ class _Recorder:
         for key, value in values.items():
             if key == "table" and isinstance(value, bytes):
                 self.shapes.append((direction, f"{what} table", decode_table(value).shape))
+            elif key in DECODERS and isinstance(value, bytes):  # the final report's aggregates
+                for shape in DECODERS[key](value):
+                    self.shapes.append((direction, f"{what} {key}", shape))
             elif isinstance(value, bytes | list):
                 self.shapes.append((direction, f"{what} {key}", (len(value),)))
 
@@ -89,9 +104,10 @@ def _recording_proxy(recorder: _Recorder) -> type:
             return res
 
         def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
-            recorder.arrays("down", "evaluate", ins.parameters)
+            what = f"report {ins.config[REPORT_KEY]}" if REPORT_KEY in ins.config else "evaluate"
+            recorder.arrays("down", what, ins.parameters)
             res = super().evaluate(ins, timeout, group_id)
-            recorder.metrics("up", "evaluate", res.metrics)
+            recorder.metrics("up", what, res.metrics)
             return res
 
     return RecordingProxy
@@ -125,5 +141,17 @@ def test_no_per_sample_array_crosses_the_wire_unless_declared(
     else:
         assert not per_sample, f"{method} sent per-sample arrays: {per_sample[:5]}"
     for direction, what, shape in recorder.shapes:  # evaluation sends counts, never labels
-        if what == "evaluate table":
+        if what in ("evaluate table", f"report {STAGE_ASSIGN} table"):
             assert direction == "up" and len(shape) == 2 and np.prod(shape) <= 100 * 100
+    # the final report ran, and what it sent up were per-cluster aggregates: each node's assignments stay
+    # on the node (every array above was checked against the clients' sample counts)
+    reported = {
+        what for direction, what, _ in recorder.shapes if direction == "up" and what.startswith("report")
+    }
+    assert f"report {STAGE_ASSIGN} {SIZES_KEY}" in reported, sorted(reported)
+    for direction, what, shape in recorder.shapes:
+        if what.startswith("report") and direction == "up":
+            assert shape[0] == summary["k"] or what.endswith("table"), (what, shape)
+    for node in range(cfg.num_clients):
+        assignments = tmp_path / "nodes" / str(node) / "assignments.csv"
+        assert assignments.is_file() and not any(p.name == "assignments.csv" for p in tmp_path.glob("*.csv"))

@@ -47,6 +47,8 @@ class MethodSpec:
     # rounds of a run that does not set num-rounds (`python -m simulation run` without --rounds);
     # 0: the common default. FSTC: 1 initialisation round + the paper's 40 training rounds.
     default_rounds: int = 0
+    torch_model: bool = False  # its global model is torch state (saved as safetensors)
+    own_k: bool = False  # its number of clusters is a key of its own (gfedntm.topics), not run-config k
 
     @property
     def federated(self) -> bool:
@@ -84,6 +86,7 @@ METHODS: dict[str, MethodSpec] = {
             "clients.ccfc:CCFCClient",
             modalities=("images",),
             config=CCFCConfig,
+            torch_model=True,
         ),
         MethodSpec(
             "cefmc",
@@ -134,6 +137,8 @@ METHODS: dict[str, MethodSpec] = {
             "clients.gfedntm:GFedNTMClient",
             modalities=("bow", "texts"),
             config=GFedNTMConfig,
+            torch_model=True,
+            own_k=True,
         ),
         MethodSpec(
             "bench-echo",
@@ -150,6 +155,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("texts",),
             config=FSTCConfig,
             default_rounds=41,
+            torch_model=True,
         ),
         MethodSpec(
             "fstc-rstc",
@@ -160,6 +166,7 @@ METHODS: dict[str, MethodSpec] = {
             config=FSTCConfig,
             table="fstc",
             default_rounds=41,
+            torch_model=True,
         ),
         MethodSpec(
             "fstc-stc",
@@ -170,6 +177,7 @@ METHODS: dict[str, MethodSpec] = {
             config=FSTCConfig,
             table="fstc",
             default_rounds=41,
+            torch_model=True,
         ),
         MethodSpec(
             "fsccl",
@@ -179,6 +187,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("texts",),
             config=FSCCLConfig,
             default_rounds=41,
+            torch_model=True,
         ),
         MethodSpec(
             "fbow",

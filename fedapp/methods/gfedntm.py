@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from fedapp.config_keys import ConfigError, ConfigSection, config_key
 
 PHASE_VOCABULARY = "vocabulary"
@@ -97,21 +95,3 @@ def hidden_sizes(text: str) -> tuple[int, ...]:
             f"run-config 'gfedntm.hidden' must list positive integers like '100,100', got {text!r}"
         )
     return sizes
-
-
-def encode_array(array: np.ndarray) -> bytes:
-    """An array as `np.save` bytes (no pickle), for a metrics or config value."""
-    import io
-
-    buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
-
-
-def decode_array(blob: bytes) -> np.ndarray:
-    """The inverse of `encode_array`; ValueError for anything that is not a plain saved array."""
-    import io
-
-    if not isinstance(blob, bytes):
-        raise ValueError(f"expected bytes, got {type(blob).__name__}")
-    return np.load(io.BytesIO(blob), allow_pickle=False)

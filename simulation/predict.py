@@ -1,0 +1,65 @@
+"""`python -m simulation predict`: assign new records with a saved model, locally, no federation.
+
+The saved weights (`OUT/model/`, see `fedapp.model_store`) are handed to the method's own client code, as
+in the final report of the run that made them, over the records of one file: run on a node's own file,
+the result equals that node's `assignments.csv`. Transductive methods (vertical: the model is the
+training rows' consensus labels) have nothing to apply to new records and say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flwr.common import Context, RecordDict
+
+from fedapp.config import ConfigError, parse_run_config
+from fedapp.datasets import has_placeholder, is_source_spec
+from fedapp.local_data import load_run_dataset
+from fedapp.methods import load_class, method_spec
+from fedapp.model_store import read_model
+from fedapp.node_outputs import write_assignments
+from fedapp.preflight import check_out_dir
+from simulation.runner import absolute_spec
+
+# Keys of the saved run that must not carry over to one local file
+LOCAL_KEYS = {"num-clients": 1, "partition": "iid", "max-samples": 0, "dropout-rate": 0.0, "resume": False}
+
+
+def predict(model_dir: Path, dataset: str, out: Path, overrides: Mapping[str, Any] | None = None) -> int:
+    """Write `out` (id, cluster, score) for every record of `dataset`; returns the number of records."""
+    saved = read_model(model_dir)
+    spec = method_spec(saved.method)
+    if spec.vertical or saved.arrays is None:
+        raise ConfigError(
+            f"method '{saved.method}' is transductive: its model is the consensus labels of the records it "
+            "was trained on, so there is nothing to apply to new records (rerun the federation with them)"
+        )
+    if not is_source_spec(dataset) or has_placeholder(dataset):
+        raise ConfigError(
+            f"--dataset must be one file (csv:, tsv:, jsonl:, parquet:, npy:, npz:, images:), got {dataset!r}"
+        )
+    dataset = absolute_spec(dataset)
+    run_config = {
+        **saved.config,
+        **LOCAL_KEYS,
+        "dataset": dataset,
+        "k": int(saved.info["k"]),
+        **(overrides or {}),
+    }
+    run_config.pop("checkpoint-every", None)
+    cfg = parse_run_config(run_config)
+    load_run_dataset(cfg)  # a bad file fails here, in one line, before any model is built
+    check_out_dir(out.parent if str(out.parent) else Path("."))
+    context = Context(
+        run_id=0,
+        node_id=0,
+        node_config={"partition-id": 0, "num-partitions": 1, "dataset": dataset},
+        state=RecordDict(),
+        run_config=run_config,
+    )
+    client = load_class(spec.client)(context, cfg)  # type: ignore[arg-type]
+    assignment = client.assign(list(saved.arrays), {})
+    write_assignments(out, client.data.ids, assignment.labels, assignment.scores)
+    return len(assignment.labels)
