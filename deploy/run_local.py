@@ -44,7 +44,13 @@ from simulation.processes import (  # noqa: E402
     stop_run,
     wait_for_health,
 )
-from simulation.runner import absolute_spec, build_overrides, parse_set_options  # noqa: E402
+from simulation.runner import (  # noqa: E402
+    ClientResources,
+    absolute_spec,
+    build_overrides,
+    parse_set_options,
+    validate,
+)
 
 START_TIMEOUT_S = 60
 
@@ -189,9 +195,9 @@ def deploy(
             print(f"warning: processes {leftovers} of this deployment did not stop", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--method", default="kfed")
     parser.add_argument("--dataset", help="a registered dataset or a source spec (default digits)")
@@ -216,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --auth: this many extra SuperNodes whose keys are not registered (they must be refused)",
     )
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the configuration (and, without --node-data, the data); start nothing",
+    )
     args = parser.parse_args(argv)
     if args.node_data and not has_placeholder(args.node_data):
         print(
@@ -234,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         overrides = build_overrides(apply_preset(args.preset, base), args.out)
         parse_run_config(overrides)
         node_data = absolute_spec(args.node_data) if args.node_data else None
+        if args.dry_run:  # the nodes' own files are theirs to check; a shared dataset is checked here
+            if node_data is None:
+                validate(overrides, "flwr", ClientResources(), dry_run=True)
+            print(f"dry run: {overrides['method']} on {args.clients} SuperNodes: configuration OK")
+            return 0
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

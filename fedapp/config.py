@@ -216,7 +216,10 @@ def _validate_dataset(cfg: RunConfig) -> None:
         kind = dataset_info(cfg.dataset).kind
     else:
         names = sorted(name for name in available_datasets() if not name.startswith(MAT_PREFIX))
-        raise ConfigError(f"unknown dataset '{cfg.dataset}'; choose one of {names} or 'mat:<path>'")
+        raise ConfigError(
+            f"unknown dataset '{cfg.dataset}'; choose one of {names}, 'mat:<path>', or your own file "
+            "(csv:, tsv:, jsonl:, parquet:, npy:, npz:<path>, images:<folder>)"
+        )
     accepted = method_spec(cfg.method).modalities
     if kind not in accepted:
         raise ConfigError(

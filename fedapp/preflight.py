@@ -8,6 +8,7 @@ instead of a Ray start-up and thousands of log lines later (or a client error re
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -19,14 +20,16 @@ from fedapp.methods import method_spec
 from fedapp.partition import partition_indices
 
 
-def check_run(cfg: RunConfig, num_clients: int) -> None:
-    """Raise ConfigError / DatasetError / PartitionError for a run that cannot work as configured."""
+def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
+    """Raise ConfigError / DatasetError / PartitionError for a run that cannot work as configured.
+
+    `create=False` (a dry run) checks that the output directory could be made without making it."""
     if num_clients < 1:
         raise ConfigError(
             f"the simulation needs at least 1 client, got {num_clients} (num-clients = 0, 'every connected "
             "SuperNode', only means something in a deployment)"
         )
-    check_out_dir(Path(cfg.out_dir))
+    check_out_dir(Path(cfg.out_dir), create=create)
     if cfg.resume and not (checkpoint_dir(cfg, Path(cfg.out_dir)) / "latest.json").is_file():
         raise ConfigError(
             f"resume=true but there is no checkpoint in {checkpoint_dir(cfg, Path(cfg.out_dir))} "
@@ -105,8 +108,18 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
         )
 
 
-def check_out_dir(out_dir: Path) -> None:
-    """The output directory exists (or can be made) and accepts a file."""
+def check_out_dir(out_dir: Path, *, create: bool = True) -> None:
+    """The output directory exists (or can be made) and accepts a file; `create=False`: the nearest
+    existing folder on its path is a writable directory (nothing is made)."""
+    if not create:
+        existing = out_dir.absolute()
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"output directory {out_dir} cannot be made: {existing} is not a writable folder"
+            )
+        return
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):

@@ -1,4 +1,5 @@
-"""CLI: `python -m simulation {run,experiment,predict,datasets,methods}` (see simulation/runner.py)."""
+"""The `fedapp` command (also `python -m simulation`): run, experiment, deploy, predict, datasets, methods,
+stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py, deploy/run_local.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from fedapp.config import DEVICES, ConfigError
 from fedapp.datasets import DatasetError, dataset_infos
 from fedapp.methods import METHODS
 from fedapp.results import exit_code, format_metrics_table
-from simulation.experiments import ExperimentError, load_experiment, run_experiment
+from simulation.experiments import ExperimentError, check_experiment, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.presets import apply_preset
 from simulation.processes import Interrupted, interruptible, local_superlinks
@@ -24,11 +25,24 @@ from simulation.runner import (
     build_overrides,
     execute,
     parse_set_options,
+    validate,
 )
 
 
+def _prog() -> str:
+    name = Path(sys.argv[0]).name
+    return "fedapp" if name == "fedapp" else "python -m simulation"
+
+
+def version_text() -> str:
+    from fedapp.model_store import package_version
+
+    return f"fedapp {package_version('fedapp')} (flwr {package_version('flwr')})"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m simulation", description=__doc__)
+    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment and write DIR/summary.json")
@@ -67,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
         help="flwr: Flower's Ray simulation (default); inprocess: same classes without Ray",
     )
     run.add_argument("--out", required=True, type=Path, help="output directory")
+    run.add_argument(
+        "--dry-run", action="store_true", help="check the whole configuration, data included; start nothing"
+    )
 
     experiment = sub.add_parser("experiment", help="run a TOML experiment file, write a markdown table")
     experiment.add_argument("file", type=Path)
@@ -81,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
         "--only", action="append", metavar="LABEL", help="run only this label (repeatable)"
     )
     experiment.add_argument("--seeds", type=int, nargs="+", help="these seeds instead of the file's")
+    experiment.add_argument(
+        "--dry-run", action="store_true", help="check every run x seed's configuration and data; run nothing"
+    )
+    sub.add_parser(
+        "deploy",
+        add_help=False,
+        help="a real SuperLink + SuperNodes on this machine (deploy/run_local.py; `deploy --help`)",
+    )
 
     predict = sub.add_parser("predict", help="assign the records of a file with a run's saved model (local)")
     predict.add_argument("--model", required=True, type=Path, help="a run's output directory or its model/")
@@ -123,6 +148,11 @@ def _stop_local_superlinks(flwr_home: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 completed, 1 failed, 2 bad input (nothing started), 3 degraded, 128+signal stopped."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["deploy"]:  # its own parser: deploy/run_local.py
+        from deploy.run_local import main as deploy_main
+
+        return deploy_main(argv[1:], prog=f"{_prog()} deploy")
     args = _parser().parse_args(argv)
     try:
         with interruptible():
@@ -174,6 +204,10 @@ def _command(args: argparse.Namespace) -> int:
         base.update(parse_set_options(args.set))
         base = apply_preset(args.preset, base)
         resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
+        if args.dry_run:
+            cfg = validate(build_overrides(base, args.out), args.engine, resources, dry_run=True)
+            print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
+            return 0
         summary = execute(build_overrides(base, args.out), args.engine, resources=resources)
         print()
         print(format_metrics_table([summary]))
@@ -187,6 +221,10 @@ def _command(args: argparse.Namespace) -> int:
             experiment = dataclasses.replace(experiment, seeds=list(args.seeds))
         out_root = args.out or Path("results") / experiment.name
         only = set(args.only) if args.only else None
+        if args.dry_run:
+            count = check_experiment(experiment, out_root, engine=args.engine, only=only)
+            print(f"dry run: {count} run(s) of '{experiment.name}': configuration and data OK")
+            return 0
         run_experiment(experiment, out_root, engine=args.engine, resume=args.resume, only=only)
         print((out_root / "table.md").read_text())
         print(f"wrote {out_root / 'table.md'}")

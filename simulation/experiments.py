@@ -34,7 +34,7 @@ from flwr.common.config import flatten_dict
 
 from fedapp.config import ConfigError, parse_run_config
 from simulation.presets import apply_preset
-from simulation.runner import RunError, build_overrides, execute
+from simulation.runner import ClientResources, RunError, build_overrides, execute, validate
 
 DEFAULT_METRICS = ("acc", "nmi", "ari", "purity", "kappa")
 
@@ -133,6 +133,26 @@ def finished_runs(experiment: Experiment, spec: RunSpec, out_root: Path) -> list
             return None
         summaries.append(summary)
     return summaries
+
+
+def check_experiment(
+    experiment: Experiment, out_root: Path, *, engine: str | None = None, only: set[str] | None = None
+) -> int:
+    """A dry run: every run x seed's configuration and data checked, nothing run; returns the count."""
+    if only and (unknown := sorted(only - {spec.label for spec in experiment.runs})):
+        raise ExperimentError(f"--only {unknown[0]!r}: no run with that label in '{experiment.name}'")
+    count = 0
+    for spec in experiment.runs:
+        if only and spec.label not in only:
+            continue
+        for seed in experiment.seeds:
+            _, overrides = seed_run(spec, seed, out_root)
+            try:
+                validate(overrides, engine or experiment.engine, ClientResources(), dry_run=True)
+            except ValueError as exc:
+                raise ExperimentError(f"run '{spec.label}' seed {seed}: {exc}") from None
+            count += 1
+    return count
 
 
 def run_experiment(

@@ -198,6 +198,25 @@ def count_views(overrides: Mapping[str, Any]) -> int:
         raise ConfigError(str(exc)) from None
 
 
+def validate(
+    overrides: Mapping[str, Any], engine: str, resources: ClientResources, *, dry_run: bool = False
+) -> RunConfig:
+    """Everything checked before a run starts (keys, resources, data, partition, k, output directory);
+    `dry_run`: the same, creating nothing. Raises ConfigError / DatasetError with one line."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
+    cfg = parse_run_config(overrides)  # fails before any process starts
+    if cfg.secagg and engine == "inprocess":
+        raise ConfigError("secagg=true needs --engine flwr: Flower's SecAgg+ runs on its message runtime")
+    resources.validate()
+    if cfg.device == "cuda" and cuda_device_count() == 0:
+        raise ConfigError("run-config device='cuda' but no CUDA GPU is visible on this machine")
+    if not is_source_spec(cfg.dataset):  # own files are read whole by check_run
+        require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
+    check_run(cfg, cfg.num_clients, create=not dry_run)  # data that does not parse, partition, k, out-dir
+    return cfg
+
+
 def execute(
     overrides: Mapping[str, Any],
     engine: str = "flwr",
@@ -212,18 +231,8 @@ def execute(
     """
     import json
 
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
-    cfg = parse_run_config(overrides)  # fails before any process starts
-    if cfg.secagg and engine == "inprocess":
-        raise ConfigError("secagg=true needs --engine flwr: Flower's SecAgg+ runs on its message runtime")
     resources = resources or ClientResources()
-    resources.validate()
-    if cfg.device == "cuda" and cuda_device_count() == 0:
-        raise ConfigError("run-config device='cuda' but no CUDA GPU is visible on this machine")
-    if not is_source_spec(cfg.dataset):  # own files are read whole by check_run
-        require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
-    check_run(cfg, cfg.num_clients)  # ... and data that does not parse, an impossible partition, k, out-dir
+    cfg = validate(overrides, engine, resources)
     out_dir = Path(cfg.out_dir)
     summary_path = out_dir / "summary.json"
     if summary_path.exists():
