@@ -51,6 +51,7 @@ from simulation.runner import (  # noqa: E402
     parse_set_options,
     validate,
 )
+from simulation.watchdog import start_watchdog, stop_watchdog  # noqa: E402
 
 START_TIMEOUT_S = 60
 
@@ -95,6 +96,7 @@ def deploy(
     flwr_home = work_dir / "flwr-home"
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flower_env(flwr_home)
+    guard = start_watchdog(env[RUN_TOKEN_ENV], [work_dir])  # if this process is SIGKILLed
     link_port = free_port()
     certs = make_certificates(work_dir / "certs") if security.tls else {}
     connection: dict[str, object] = {"address": f"127.0.0.1:{link_port}"}
@@ -193,6 +195,7 @@ def deploy(
         print(f"stopped {len(started) - len(still_running)}/{len(started)} processes", flush=True)
         if leftovers:
             print(f"warning: processes {leftovers} of this deployment did not stop", file=sys.stderr)
+        stop_watchdog(guard)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -49,6 +49,7 @@ from simulation.processes import (
     stop_run,
     wait_for_health,
 )
+from simulation.watchdog import start_watchdog, stop_watchdog
 
 ENGINES = ("flwr", "inprocess")
 SUPERLINK_START_TIMEOUT_S = 60
@@ -346,6 +347,7 @@ def _run_flwr(
 ) -> None:
     flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
     env = flower_env(flwr_home)
+    guard = start_watchdog(env[RUN_TOKEN_ENV], [flwr_home])  # if this process is SIGKILLed
     started: list[subprocess.Popen] = []
     try:
         run_config = flwr_home / "run-config.toml"
@@ -371,3 +373,4 @@ def _run_flwr(
         if leftovers:
             print(f"warning: processes {leftovers} of this run did not stop", file=sys.stderr)
         shutil.rmtree(flwr_home, ignore_errors=True)
+        stop_watchdog(guard)

@@ -1,0 +1,93 @@
+"""SIGKILL of an entry point (no `finally` runs): its watchdog stops every process of the run and removes
+the temporary FLWR_HOME within 15 s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from simulation.processes import RUN_TOKEN_ENV, processes_with_token
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+LIMIT_S = 15
+
+
+def _child_env(pid: int, name: str) -> str | None:
+    """`name` from the environment of any child of `pid` (the runner's Flower processes carry the token)."""
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((child / "stat").read_text().rsplit(")", 1)[-1].split()[1]) != pid:
+                continue
+            for item in (child / "environ").read_bytes().split(b"\0"):
+                if item.startswith(name.encode() + b"="):
+                    return item.split(b"=", 1)[1].decode()
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "simulation", "run", "--method", "ffcm", "--dataset", "digits", "--clients", "3"],
+        ["deploy/run_local.py", "--method", "ffcm", "--dataset", "digits", "--clients", "2"],
+    ],
+    ids=["simulation", "deployment"],
+)
+def test_sigkill_of_the_entry_point_leaves_no_process_and_no_flwr_home(
+    tmp_path: Path, command: list[str]
+) -> None:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            *command,
+            "--rounds",
+            "500",
+            "--set",
+            "ffcm.delta=0",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    for line in process.stdout:  # until the federation is really running
+        if line.startswith("round 2/"):
+            break
+    token, home = _child_env(process.pid, RUN_TOKEN_ENV), _child_env(process.pid, "FLWR_HOME")
+    assert token and home and Path(home).is_dir() and processes_with_token(token)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+    killed = time.monotonic()
+    while time.monotonic() - killed < LIMIT_S and (
+        _alive(processes_with_token(token)) or Path(home).exists()
+    ):
+        time.sleep(0.2)
+    elapsed = time.monotonic() - killed
+    print(f"{command[0]}: everything gone {elapsed:.1f} s after SIGKILL")
+    assert _alive(processes_with_token(token)) == [], (
+        f"processes of the run survived SIGKILL ({elapsed:.1f} s)"
+    )
+    assert not Path(home).exists(), f"{home} was not removed"
