@@ -48,12 +48,15 @@ from simulation.runner import (  # noqa: E402
     ClientResources,
     absolute_spec,
     build_overrides,
+    merge_flags,
     parse_set_options,
+    path_argument,
     validate,
 )
 from simulation.watchdog import start_watchdog, stop_watchdog  # noqa: E402
 
 START_TIMEOUT_S = 60
+DEFAULTS = {"method": "kfed", "dataset": "digits", "num-clients": 3, "num-rounds": 2, "seed": 0}
 
 
 @dataclass(frozen=True)
@@ -202,16 +205,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--method", default="kfed")
+    parser.add_argument("--method", help="default kfed")
     parser.add_argument("--dataset", help="a registered dataset or a source spec (default digits)")
     parser.add_argument(
         "--node-data",
         metavar="SPEC",
         help="each SuperNode reads only its own file, e.g. 'csv:/data/site-{partition-id}.csv'",
     )
-    parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clients", type=int, help="SuperNodes (default 3)")
+    parser.add_argument("--rounds", type=int, help="default 2")
+    parser.add_argument("--seed", type=int, help="default 0")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--preset", help="named run-config values (see `python -m simulation methods`)")
     parser.add_argument(
@@ -224,7 +227,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         default=0,
         help="with --auth: this many extra SuperNodes whose keys are not registered (they must be refused)",
     )
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=path_argument, required=True)
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -236,22 +239,24 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             f"error: --node-data needs {PARTITION_PLACEHOLDER} in its path: {args.node_data}", file=sys.stderr
         )
         return 2
-    base = {
+    flags = {
         "method": args.method,
-        "dataset": args.dataset or args.node_data or "digits",
+        "dataset": args.dataset or args.node_data,
         "num-clients": args.clients,
         "num-rounds": args.rounds,
         "seed": args.seed,
-        **parse_set_options(args.set),
     }
     try:  # fail before starting any process
+        base = {**DEFAULTS, **merge_flags(flags, parse_set_options(args.set), args.out)}
         overrides = build_overrides(apply_preset(args.preset, base), args.out)
         parse_run_config(overrides)
         node_data = absolute_spec(args.node_data) if args.node_data else None
         if args.dry_run:  # the nodes' own files are theirs to check; a shared dataset is checked here
             if node_data is None:
                 validate(overrides, "flwr", ClientResources(), dry_run=True)
-            print(f"dry run: {overrides['method']} on {args.clients} SuperNodes: configuration OK")
+            print(
+                f"dry run: {overrides['method']} on {overrides['num-clients']} SuperNodes: configuration OK"
+            )
             return 0
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -261,7 +266,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         try:
             with interruptible():
                 security = Security(tls=args.tls, auth=args.auth, unregistered_nodes=args.unregistered_nodes)
-                code = deploy(overrides, args.clients, Path(tmp), security, node_data)
+                code = deploy(overrides, overrides["num-clients"], Path(tmp), security, node_data)
         except Interrupted as exc:
             print(f"{exc}: stopped every process this deployment started", file=sys.stderr)
             return exc.exit_code

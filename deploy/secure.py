@@ -29,9 +29,20 @@ VALID_DAYS = 365
 
 
 def _write(path: Path, data: bytes, secret: bool = False) -> None:
-    path.write_bytes(data)
-    if secret:
-        os.chmod(path, 0o600)
+    """Write `data`; a secret is created 0600 from the start (never readable by others, not even briefly)."""
+    if not secret:
+        path.write_bytes(data)
+        return
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        os.fchmod(descriptor, 0o600)  # an existing file keeps its mode on open: set it before writing
+        handle.write(data)
+
+
+def _private_dir(path: Path) -> None:
+    """A folder that holds private keys: made 0700 (and tightened to 0700 if it exists)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
 
 
 def _name(common_name: str) -> x509.Name:
@@ -48,7 +59,7 @@ def _pem(key: rsa.RSAPrivateKey) -> bytes:
 
 def make_certificates(out_dir: Path, hosts: list[str] | tuple[str, ...] = ()) -> dict[str, Path]:
     """A CA and a server certificate it signs for `hosts` (+ localhost, 127.0.0.1); returns the paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _private_dir(out_dir)  # it holds the server key
     now = dt.datetime.now(dt.UTC)
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ca_cert = (
@@ -99,7 +110,7 @@ def make_certificates(out_dir: Path, hosts: list[str] | tuple[str, ...] = ()) ->
 
 def make_node_keys(out_dir: Path, names: list[str]) -> dict[str, tuple[Path, Path]]:
     """One ECDSA P-384 key pair per SuperNode in OpenSSH format (what Flower's node auth loads)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _private_dir(out_dir)
     keys = {}
     for name in names:
         private = ec.generate_private_key(ec.SECP384R1())

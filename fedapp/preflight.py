@@ -30,6 +30,11 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
             "SuperNode', only means something in a deployment)"
         )
     check_out_dir(Path(cfg.out_dir), create=create)
+    if cfg.checkpoint_every or cfg.resume:
+        checkpoints = checkpoint_dir(cfg, Path(cfg.out_dir))
+        if checkpoints.exists() and not checkpoints.is_dir():
+            raise ConfigError(f"checkpoint-dir {checkpoints} is a file, not a folder")
+        check_out_dir(checkpoints, create=False)
     if cfg.resume and not (checkpoint_dir(cfg, Path(cfg.out_dir)) / "latest.json").is_file():
         raise ConfigError(
             f"resume=true but there is no checkpoint in {checkpoint_dir(cfg, Path(cfg.out_dir))} "

@@ -24,7 +24,9 @@ from simulation.runner import (
     RunError,
     build_overrides,
     execute,
+    merge_flags,
     parse_set_options,
+    path_argument,
     validate,
 )
 
@@ -80,14 +82,16 @@ def _parser() -> argparse.ArgumentParser:
         default="flwr",
         help="flwr: Flower's Ray simulation (default); inprocess: same classes without Ray",
     )
-    run.add_argument("--out", required=True, type=Path, help="output directory")
+    run.add_argument("--out", required=True, type=path_argument, help="output directory")
     run.add_argument(
         "--dry-run", action="store_true", help="check the whole configuration, data included; start nothing"
     )
 
     experiment = sub.add_parser("experiment", help="run a TOML experiment file, write a markdown table")
-    experiment.add_argument("file", type=Path)
-    experiment.add_argument("--out", type=Path, help="output root (default results/<experiment name>)")
+    experiment.add_argument("file", type=path_argument)
+    experiment.add_argument(
+        "--out", type=path_argument, help="output root (default results/<experiment name>)"
+    )
     experiment.add_argument("--engine", choices=ENGINES, help="override the file's engine")
     experiment.add_argument(
         "--resume",
@@ -108,12 +112,14 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     predict = sub.add_parser("predict", help="assign the records of a file with a run's saved model (local)")
-    predict.add_argument("--model", required=True, type=Path, help="a run's output directory or its model/")
+    predict.add_argument(
+        "--model", required=True, type=path_argument, help="a run's output directory or its model/"
+    )
     predict.add_argument(
         "--dataset", required=True, help="one file: csv:PATH, jsonl:PATH, npy:PATH, images:DIR ..."
     )
     predict.add_argument(
-        "--out", required=True, type=Path, help="the assignments CSV to write (id,cluster,score)"
+        "--out", required=True, type=path_argument, help="the assignments CSV to write (id,cluster,score)"
     )
     predict.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set text-column=body"
@@ -130,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
         "stop-local-superlink",
         help="stop the simulation SuperLink a plain `flwr run` left running (this user, this FLWR_HOME)",
     )
-    stop.add_argument("--flwr-home", type=Path, help="default: $FLWR_HOME, else ~/.flwr")
+    stop.add_argument("--flwr-home", type=path_argument, help="default: $FLWR_HOME, else ~/.flwr")
     return parser
 
 
@@ -200,9 +206,7 @@ def _command(args: argparse.Namespace) -> int:
             "data-dir": args.data_dir,
             "device": args.device,
         }
-        base = {key: value for key, value in optional.items() if value is not None}
-        base.update(parse_set_options(args.set))
-        base = apply_preset(args.preset, base)
+        base = apply_preset(args.preset, merge_flags(optional, parse_set_options(args.set), args.out))
         resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
         if args.dry_run:
             cfg = validate(build_overrides(base, args.out), args.engine, resources, dry_run=True)

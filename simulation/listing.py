@@ -9,7 +9,7 @@ from typing import Any
 from fedapp.config import RunConfig
 from fedapp.config_keys import ConfigSection, KeySpec
 from fedapp.datasets import DatasetInfo
-from fedapp.methods import METHODS, config_tables, method_spec
+from fedapp.methods import METHODS, config_tables, method_spec, methods_for_kind
 from simulation.presets import available_presets
 
 
@@ -80,7 +80,7 @@ def format_dataset_table(infos: tuple[DatasetInfo, ...], width: int = 160) -> st
         [
             [info.name],
             [info.kind],
-            textwrap.wrap(", ".join(info.methods), 28) or ["-"],
+            textwrap.wrap(", ".join(methods_for_kind(info.kind)), 28) or ["-"],
             list(info.files) or ["(embedded)"],
         ]
         for info in infos
@@ -117,6 +117,6 @@ def dataset_markdown(infos: tuple[DatasetInfo, ...]) -> str:
     ]
     for info in infos:
         files = "<br>".join(f"`{name}`" for name in info.files) or "(embedded)"
-        methods = ", ".join(info.methods) or "-"
+        methods = ", ".join(methods_for_kind(info.kind)) or "-"
         lines.append(f"| `{info.name}` | {info.kind} | {methods} | {files} | {info.description} |")
     return "\n".join(lines)

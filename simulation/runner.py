@@ -10,6 +10,7 @@ Centralized references (method `kmeans`) run directly, without Flower.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -129,6 +130,41 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
         except tomllib.TOMLDecodeError:
             out[key.strip()] = value.strip()
     return out
+
+
+def merge_flags(
+    flags: Mapping[str, Any], settings: Mapping[str, Any], out: Path | None = None
+) -> dict[str, Any]:
+    """Flag values + `--set` values; one key given two different values (`--clients 3 --set
+    num-clients=5`, `--out X --set out-dir=Y`) is a ConfigError naming both, never resolved silently."""
+    named = {**flags, **({"out-dir": str(out)} if out is not None else {})}
+    for key, value in settings.items():
+        if key in named and named[key] is not None and str(named[key]) != str(value):
+            flag = FLAG_OF.get(key, key)
+            raise ConfigError(f"{flag} {named[key]} and --set {key}={value} disagree: give one of them")
+    merged = {key: value for key, value in flags.items() if value is not None}
+    merged.update(settings)
+    return merged
+
+
+FLAG_OF = {
+    "num-clients": "--clients",
+    "num-rounds": "--rounds",
+    "out-dir": "--out",
+    "data-dir": "--data-dir",
+    "method": "--method",
+    "dataset": "--dataset",
+    "seed": "--seed",
+    "partition": "--partition",
+    "device": "--device",
+}
+
+
+def path_argument(text: str) -> Path:
+    """argparse type of a path option: an empty or blank path is an error, not the current directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a folder or file name")
+    return Path(text)
 
 
 def build_overrides(base: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:

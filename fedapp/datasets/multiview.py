@@ -31,8 +31,21 @@ MAT_PREFIX = "mat:"
 MAT_DESCRIPTION = "any MATLAB v5 multi-view .mat: cell X of views, labels y or Y"
 
 
+MAT_HEADER_BYTES = 128
+
+
 def _load_mat(path: Path) -> dict[str, Any]:
-    """scipy.io.loadmat with every failure turned into a DatasetError that names the file."""
+    """scipy.io.loadmat with every failure turned into a DatasetError that names the file and says which
+    failure it is: not a MATLAB file at all (no header), or a MATLAB file cut short or corrupt."""
+    if path.is_dir():
+        raise DatasetError(f"{path}: is a directory, not a MATLAB .mat file")
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(MAT_HEADER_BYTES)
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not header.startswith(b"MATLAB"):  # v5 / v7 / v7.3 files all start with a 128-byte text header
+        raise DatasetError(f"{path}: not a MATLAB .mat file (no 'MATLAB ... MAT-file' header)")
     try:
         return scipy.io.loadmat(path)
     except NotImplementedError as exc:  # scipy's answer to v7.3 (HDF5) files
@@ -41,7 +54,7 @@ def _load_mat(path: Path) -> dict[str, Any]:
             "re-save the file with save(..., '-v7')"
         ) from exc
     except (OSError, ValueError, TypeError, scipy.io.matlab.MatReadError) as exc:
-        raise DatasetError(f"{path}: not a readable MATLAB .mat file: {exc}") from exc
+        raise DatasetError(f"{path}: a MATLAB file, but truncated or corrupt: {exc}") from exc
 
 
 def _orient_view(view: Any, n: int, index: int, path: Path) -> np.ndarray:

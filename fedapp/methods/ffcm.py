@@ -10,7 +10,10 @@ from fedapp.config_keys import ConfigSection, config_key
 @dataclass(frozen=True)
 class FFCMConfig(ConfigSection):
     fuzziness: float = config_key(
-        1.1, gt=1.0, doc="fuzzifier m (m >= 1.5 collapses on high-dimensional data, see README)"
+        1.1,
+        gt=1.0,
+        le=100.0,  # u^m stays a normal float64 for k <= 1000 (m ln k < 708); larger m only flattens u
+        doc="fuzzifier m (m >= 1.5 collapses on high-dimensional data, see README)",
     )
     local_iters: int = config_key(1, ge=1, doc="local FCM iterations per round (1 = exactly centralized FCM)")
     delta: float = config_key(1e-6, ge=0.0, doc="stop when the relative centre shift is <= delta")

@@ -26,7 +26,8 @@ from sklearn.neighbors import NearestNeighbors
 from clients.ccfc import encode
 from fedapp.config import parse_run_config
 from fedapp.datasets import Dataset, load_dataset, resolve_data_dir
-from fedapp.methods.ccfc import CCFCConfig, build_model
+from fedapp.methods.ccfc import CCFCConfig
+from fedapp.models.ccfc import build_model
 from strategies.ccfc import MODEL_FILE
 
 KNN_KS = (3, 5, 7, 9, 100)

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch.nn.functional import cross_entropy
 
-from clients.fstc import pseudo_labels
 from fedapp.clustering import kmeans
 from fedapp.datasets.registry import load_dataset
+from fedapp.fstc_math import pseudo_labels
 from fedapp.losses import info_nce_loss
 from fedapp.metrics import clustering_metrics, contingency_table
 from fedapp.models.fstc import ResidualAdapter
