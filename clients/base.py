@@ -28,6 +28,7 @@ from fedapp.local_data import LocalData, client_seed, local_partition, local_vie
 from fedapp.methods import method_spec
 from fedapp.metrics import contingency_table, encode_table
 from fedapp.node_outputs import ASSIGNMENTS_FILE, node_out_dir, run_name, write_assignments
+from fedapp.privacy import WITHHELD_KEY, min_cluster_size
 from fedapp.protocol import encode_array
 from fedapp.report import (
     DISTANCES_KEY,
@@ -83,6 +84,7 @@ class ClusteringClient(NumPyClient):
             )
         self.k = cfg.k or self.data.n_classes
         self.seed = client_seed(cfg.seed, self.partition_id)
+        self.floor = min_cluster_size(cfg.min_cluster_size, context.node_config)  # fedapp.privacy
 
     @property
     def owns_file(self) -> bool:
@@ -150,12 +152,16 @@ class ClusteringClient(NumPyClient):
         metrics: dict[str, Scalar] = {**self.identity_metrics(), **self.score(result.labels)}
         metrics[SIZES_KEY] = encode_array(np.bincount(result.labels, minlength=self.k).astype(np.int64))
         metrics[ROWS_KEY] = len(result.labels)
-        kept = {"labels": result.labels.astype(np.int64)}
+        # the privacy floor: clusters below it on this client send no sums (their records sit out the metrics)
+        sizes = np.bincount(result.labels, minlength=self.k)
+        shared = sizes[result.labels] >= self.floor
+        metrics[WITHHELD_KEY] = int(((sizes > 0) & (sizes < self.floor)).sum())
+        kept = {"labels": result.labels[shared].astype(np.int64)}
         if result.space is not None:
-            kept["space"] = np.asarray(result.space, dtype=np.float64)
-            metrics[SUMS_KEY] = encode_cluster_sums(cluster_sums(kept["space"], result.labels, self.k))
+            kept["space"] = np.asarray(result.space, dtype=np.float64)[shared]
+            metrics[SUMS_KEY] = encode_cluster_sums(cluster_sums(kept["space"], kept["labels"], self.k))
         if self.data.dataset.texts is not None:
-            min_docs = self.cfg.keyword_min_docs
+            min_docs = max(self.cfg.keyword_min_docs, self.floor)
             counts = cluster_term_counts(self.data.texts, result.labels, self.k, min_documents=min_docs)
             metrics[TERMS_KEY] = encode_term_counts(counts)
         self.context.state[REPORT_STATE] = ArrayRecord(

@@ -8,17 +8,24 @@ from flwr.common import NDArrays, Scalar
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans, nearest_centre
 from fedapp.methods.kfed import KFedConfig
+from fedapp.privacy import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, merge_small_clusters
 from fedapp.report import Assignment, nearest_with_distance
 
 
 def local_centres(
-    X: np.ndarray, k_local: int, seed: int, restarts: int = 10
-) -> tuple[np.ndarray, np.ndarray]:
-    """Local k-means with k' = min(k_local, n) centres; returns (centres, counts per centre)."""
-    k_eff = min(k_local, X.shape[0])
+    X: np.ndarray, k_local: int, seed: int, restarts: int = 10, floor: int = CLIENT_MIN_CLUSTER
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Local k-means with k' = min(k_local, n // floor) centres, a cluster below the privacy `floor`
+    merged into its nearest neighbour (`fedapp.privacy`); returns (centres, counts, clusters merged)."""
+    k_eff = capped_clusters(k_local, X.shape[0], floor)
     centres, labels = kmeans(X, k_eff, seed, n_init=restarts)
-    counts = np.bincount(labels, minlength=k_eff).astype(np.int64)
-    return centres, counts
+    labels, merged = merge_small_clusters(X, labels, floor)
+    if merged:  # the merged clusters' centres are the means of their rows; the others stay as k-means gave
+        kept = np.unique(labels)
+        centres = np.stack([np.asarray(X, dtype=np.float64)[labels == c].mean(0) for c in kept])
+        labels = np.searchsorted(kept, labels)
+    counts = np.bincount(labels, minlength=centres.shape[0]).astype(np.int64)
+    return centres, counts, merged
 
 
 class KFedClient(ClusteringClient):
@@ -27,8 +34,8 @@ class KFedClient(ClusteringClient):
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         k_local = int(config.get("local-k", 0)) or self.k
         restarts = self.cfg.params(KFedConfig).local_restarts
-        centres, counts = local_centres(self.data.features, k_local, self.seed, restarts)
-        return [centres, counts], self.data.n_samples, self.identity_metrics()
+        centres, counts, merged = local_centres(self.data.features, k_local, self.seed, restarts, self.floor)
+        return [centres, counts], self.data.n_samples, {**self.identity_metrics(), MERGED_KEY: merged}
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         return nearest_centre(self.data.features, parameters[0])

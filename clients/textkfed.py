@@ -14,6 +14,7 @@ from clients.kfed import local_centres
 from fedapp.bow import count_matrix, document_frequencies, tfidf_matrix
 from fedapp.clustering import nearest_centre
 from fedapp.methods.textkfed import DOCUMENTS_KEY, PHASE_VOCABULARY, TextKFedConfig
+from fedapp.privacy import MERGED_KEY
 from fedapp.report import Assignment, nearest_with_distance
 from fedapp.text_features import local_embeddings
 
@@ -31,8 +32,9 @@ class BagOfWordsKFedClient(ClusteringClient):
             )
         vocabulary, idf = parameters
         k_local = self.cfg.params(TextKFedConfig).local_k or self.k
-        centres, sizes = local_centres(self.features(vocabulary, idf), k_local, self.seed)
-        return [centres, sizes], self.data.n_samples, self.identity_metrics()
+        rows = self.features(vocabulary, idf)
+        centres, sizes, merged = local_centres(rows, k_local, self.seed, floor=self.floor)
+        return [centres, sizes], self.data.n_samples, {**self.identity_metrics(), MERGED_KEY: merged}
 
     def features(self, vocabulary: np.ndarray, idf: np.ndarray) -> np.ndarray:
         """Dense rows over the shared vocabulary: counts, or TF-IDF when the server sent idf weights."""
@@ -59,8 +61,8 @@ class SentenceKFedClient(ClusteringClient):
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         k_local = int(config.get("local-k", 0)) or self.k
-        centres, sizes = local_centres(self.embeddings(), k_local, self.seed)
-        return [centres, sizes], self.data.n_samples, self.identity_metrics()
+        centres, sizes, merged = local_centres(self.embeddings(), k_local, self.seed, floor=self.floor)
+        return [centres, sizes], self.data.n_samples, {**self.identity_metrics(), MERGED_KEY: merged}
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         return nearest_centre(self.embeddings(), parameters[0])

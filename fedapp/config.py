@@ -106,6 +106,12 @@ class RunConfig(ConfigSection):
     id_key: str = config_key(
         "", doc="vertical own data: per-run secret for hashing ids (weaker than a node's own id-key)"
     )
+    min_cluster_size: int = config_key(
+        5,
+        ge=1,
+        doc="privacy floor: no message carries a statistic of fewer records (clients never go below 5 or "
+        "their node's min-cluster-size)",
+    )
     keyword_min_docs: int = config_key(
         5,
         ge=1,

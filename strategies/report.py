@@ -58,6 +58,7 @@ from fedapp.report import (
     TERMS_KEY,
 )
 from fedapp.results import PROGRESS_MARKER
+from strategies.replies import describe_failure
 
 KEYWORDS = 10  # keywords kept per cluster
 
@@ -110,7 +111,7 @@ class ReportingStrategy:
             raise ValueError(f"unknown report stage {stage!r}")
         for client, ins in instructions:
             down = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)
-            self.ledger.record(self._report_round, client.cid, "report", down=down)  # type: ignore[attr-defined]
+            self.record.ledger.record(self._report_round, client.cid, "report", down=down)  # type: ignore[attr-defined]
         self._report_cids = [client.cid for client, _ in instructions]
         return instructions
 
@@ -159,10 +160,10 @@ class ReportingStrategy:
         answered = {client.cid for client, _ in results}
         missing = sorted(set(self._report_cids) - answered)
         for failure in failures:
-            log(WARNING, "final report (%s): client failure: %s", stage, _describe(failure))
+            log(WARNING, "final report (%s): client failure: %s", stage, describe_failure(failure))
         for client, res in results:
             up = mapping_nbytes(res.metrics)
-            self.ledger.record(self._report_round, client.cid, "report", up=up)  # type: ignore[attr-defined]
+            self.record.ledger.record(self._report_round, client.cid, "report", up=up)  # type: ignore[attr-defined]
         self.report["seconds"] = time.perf_counter() - self._report_started  # both stages, end to end
         record = self.report.setdefault("problems", {})
         if missing:
@@ -181,6 +182,7 @@ class ReportingStrategy:
         self.partition_of_report: dict[str, int] = {}
         rejected = []
         vertical_sizes = None
+        withheld = 0  # records in clusters below the privacy floor at their client: not in the metrics
         for client, res in sorted(results, key=lambda item: item[0].cid):
             metrics = res.metrics
             try:
@@ -199,8 +201,10 @@ class ReportingStrategy:
                 sums = None
                 if SUMS_KEY in metrics:
                     sums = decode_cluster_sums(metrics[SUMS_KEY])  # type: ignore[arg-type]
-                    if sums.counts.shape != (k,) or not np.array_equal(sums.counts, client_sizes):
+                    sent = sums.counts
+                    if sent.shape != (k,) or not np.all((sent == client_sizes) | (sent == 0)):
                         raise ValueError("cluster sums disagree with the cluster sizes")
+                    withheld += int(client_sizes[sent == 0].sum())
                 terms = decode_term_counts(metrics[TERMS_KEY], k) if TERMS_KEY in metrics else None  # type: ignore[arg-type]
             except (ValueError, LabelFreeError) as exc:
                 rejected.append(client.cid)
@@ -225,6 +229,7 @@ class ReportingStrategy:
         if vertical_sizes is not None:
             sizes = vertical_sizes
         self.report["cluster_sizes"] = sizes.tolist()
+        self.report["withheld_records"] = withheld
         if self._report_terms:
             self.report["keywords"] = ctfidf_keywords(merge_term_counts(self._report_terms), KEYWORDS)
         self._report_cids_ok = [
@@ -293,13 +298,6 @@ class ReportingStrategy:
             write_model(self.out_dir / MODEL_DIR, info, arrays, torch_weights=spec.torch_model)  # type: ignore[attr-defined]
         except OSError as exc:
             log(WARNING, "could not write the model: %s", exc)
-
-
-def _describe(failure: tuple[ClientProxy, EvaluateRes] | BaseException) -> str:
-    if isinstance(failure, BaseException):
-        return f"{type(failure).__name__}: {failure}"
-    client, res = failure
-    return f"client {client.cid}: {res.status.code.name} {res.status.message}"
 
 
 def _describe_metrics(metrics: dict[str, Any]) -> str:

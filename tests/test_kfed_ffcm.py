@@ -16,6 +16,7 @@ from fedapp.config import parse_run_config
 from fedapp.inprocess import run_inprocess
 from fedapp.local_data import load_run_dataset
 from fedapp.methods.ffcm import FFCMConfig
+from fedapp.privacy import CLIENT_MIN_CLUSTER, PrivacyFloorError, merge_small_clusters
 from fedapp.server_app import server_fn
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
 from simulation.runner import build_overrides, execute
@@ -52,19 +53,28 @@ def _run(tmp_path: Path, name: str, **overrides: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- k-FED maths
 def test_local_centres_shapes_and_counts() -> None:
     X = _blobs()
-    centres, counts = local_centres(X, 5, seed=0)
-    assert centres.shape == (5, 2) and centres.dtype == np.float64
+    centres, counts, merged = local_centres(X, 5, seed=0)
+    assert centres.shape == (5, 2) and centres.dtype == np.float64 and merged == 0
     assert counts.shape == (5,) and counts.dtype == np.int64
     assert counts.sum() == X.shape[0] and (counts > 0).all()
     np.testing.assert_array_equal(np.bincount(nearest_centre(X, centres), minlength=5), counts)
 
 
-def test_local_centres_caps_k_at_the_number_of_samples() -> None:
-    X = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
-    centres, counts = local_centres(X, 10, seed=0)
-    assert centres.shape == (3, 2)
-    np.testing.assert_array_equal(counts, [1, 1, 1])
-    np.testing.assert_allclose(centres[np.lexsort(centres.T[::-1])], X[np.lexsort(X.T[::-1])])
+def test_local_centres_keep_the_privacy_floor_whatever_k_prime_asks() -> None:
+    X = np.random.default_rng(0).normal(size=(60, 3))
+    centres, counts, _ = local_centres(X, 100_000, seed=0)  # the server asks for every row as a centre
+    assert len(centres) <= 60 // CLIENT_MIN_CLUSTER and (counts >= CLIENT_MIN_CLUSTER).all()
+    assert counts.sum() == 60 and not (np.abs(X[:, None, :] - centres[None]).max(2) < 1e-12).any()
+    centres, counts, merged = local_centres(X, 12, seed=0, floor=10)  # a node's higher floor
+    assert (counts >= 10).all() and len(centres) <= 6
+    with pytest.raises(PrivacyFloorError, match="fewer than the privacy floor"):
+        local_centres(X[:3], 10, seed=0)
+
+
+def test_a_cluster_below_the_floor_merges_into_its_nearest_neighbour() -> None:
+    X = np.vstack([np.zeros((10, 2)), np.full((10, 2), 10.0), np.full((2, 2), 9.0)])  # a pair near blob 2
+    labels, merged = merge_small_clusters(X, np.repeat([0, 1, 2], [10, 10, 2]), floor=5)
+    assert merged == 1 and labels[-2:].tolist() == [1, 1]
 
 
 def test_local_centres_are_seeded() -> None:

@@ -1,0 +1,90 @@
+"""The privacy floor: no message carries a statistic of fewer than `min-cluster-size` records.
+
+A cluster centre, sum or count of one record is that record. Whoever runs the server writes the run
+config, so the client cannot trust it to keep clusters large (`kfed.local-k=100000` once made every
+client upload all its rows): the client enforces the floor itself. The floor is the largest of the
+client's own default (`CLIENT_MIN_CLUSTER`), the node's `min-cluster-size` (node config) and the run
+config's `min-cluster-size`, so the run config can raise it but never lower it.
+
+Clients (1) cap their local cluster count at n // floor, (2) merge a cluster below the floor into its
+nearest neighbour (by centre) until every cluster they report holds at least `floor` records, and (3)
+withhold (report as empty) what still falls below it — e.g. a fuzzy cluster whose membership mass is
+smaller than the floor. They say how many clusters they merged or withheld in their reply's metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+CLIENT_MIN_CLUSTER = 5  # a client never reports a statistic of fewer records, whatever the run config says
+MERGED_KEY = "floor-merged"  # reply metrics: clusters this client merged into a neighbour (below the floor)
+WITHHELD_KEY = "floor-withheld"  # reply metrics: clusters this client reported as empty (below the floor)
+
+
+class PrivacyFloorError(ValueError):
+    """This client holds fewer records than the floor: it has nothing it may send."""
+
+
+def min_cluster_size(run_value: int, node_config: Mapping[str, object]) -> int:
+    """The floor this client enforces: max(its default, the node's, the run config's)."""
+    node_value = node_config.get("min-cluster-size", 0)
+    try:
+        node_floor = int(node_value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise PrivacyFloorError(f"node config min-cluster-size={node_value!r} is not an integer") from None
+    return max(CLIENT_MIN_CLUSTER, node_floor, int(run_value))
+
+
+def capped_clusters(k_local: int, n_records: int, floor: int) -> int:
+    """k' at most n // floor (so that k' clusters of at least `floor` records can exist)."""
+    if n_records < floor:
+        raise PrivacyFloorError(
+            f"{n_records} records, fewer than the privacy floor min-cluster-size={floor}: nothing may be sent"
+        )
+    return max(1, min(k_local, n_records // floor))
+
+
+def merge_small_clusters(points: np.ndarray, labels: np.ndarray, floor: int) -> tuple[np.ndarray, int]:
+    """Relabel the rows of every cluster below `floor` to the cluster whose centre is nearest to its
+    centre, smallest cluster first, until every non-empty cluster holds >= floor rows (or one is left).
+    Returns (labels, number of clusters merged away)."""
+    labels = np.asarray(labels, dtype=np.int64).copy()
+    points = np.asarray(points, dtype=np.float64)
+    merged = 0
+    while True:
+        present, sizes = np.unique(labels, return_counts=True)
+        if len(present) <= 1 or sizes.min() >= floor:
+            return labels, merged
+        small = present[np.argmin(sizes)]
+        centres = np.stack([points[labels == c].mean(0) for c in present])
+        own = centres[present == small][0]
+        distances = ((centres - own) ** 2).sum(1)
+        distances[present == small] = np.inf
+        labels[labels == small] = present[np.argmin(distances)]
+        merged += 1
+
+
+def floored_sums(
+    points: np.ndarray, labels: np.ndarray, k: int, floor: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-cluster (sums (k x d), counts (k)) with every cluster below `floor` withheld (zero sum and
+    count); returns them and how many clusters were withheld."""
+    points = np.asarray(points, dtype=np.float64)
+    counts = np.bincount(labels, minlength=k).astype(np.int64)
+    sums = np.zeros((k, points.shape[1]))
+    np.add.at(sums, labels, points)
+    withheld = (counts > 0) & (counts < floor)
+    sums[withheld], counts[withheld] = 0.0, 0
+    return sums, counts, int(withheld.sum())
+
+
+def floored_centres(
+    points: np.ndarray, labels: np.ndarray, k: int, floor: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-cluster (centres (k x d), counts (k)): clusters below `floor` are withheld (zero centre and
+    count), so the server's count-weighted aggregation ignores them."""
+    sums, counts, withheld = floored_sums(points, labels, k, floor)
+    centres = sums / np.maximum(counts, 1)[:, None]
+    return centres, counts, withheld
