@@ -78,10 +78,13 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.shapes: list[tuple[str, str, tuple[int, ...]]] = []  # (direction, what, shape)
+        self.uploaded_rows: list[tuple[str, np.ndarray]] = []  # every uploaded float64 matrix
 
     def arrays(self, direction: str, what: str, parameters: Any) -> None:
         for array in parameters_to_ndarrays(parameters):
             self.shapes.append((direction, what, array.shape))
+            if direction == "up" and array.ndim == 2 and array.dtype == np.float64:  # centres, not weights
+                self.uploaded_rows.append((what, array.astype(np.float64)))
 
     def metrics(self, direction: str, what: str, values: dict[str, Any]) -> None:
         for key, value in values.items():
@@ -92,6 +95,34 @@ class _Recorder:
                     self.shapes.append((direction, f"{what} {key}", shape))
             elif isinstance(value, bytes | list):
                 self.shapes.append((direction, f"{what} {key}", (len(value),)))
+
+
+def _record_spaces(cfg: Any) -> list[np.ndarray]:
+    """Every client's records as vectors: features, or the sentence embeddings of its texts."""
+    from fedapp.text_features import local_embeddings
+
+    spaces = []
+    for pid in range(cfg.num_clients):
+        local = local_partition(cfg, pid, cfg.num_clients)
+        if local.dataset.features is not None:
+            spaces.append(np.asarray(local.features, dtype=np.float64))
+        elif local.dataset.texts is not None:
+            spaces.append(np.asarray(local_embeddings(local, cfg.embedding_model, None), dtype=np.float64))
+    return spaces
+
+
+def raw_rows_uploaded(cfg: Any, uploads: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
+    """(what, rows) of every uploaded matrix some of whose rows equal a client's record (to 1e-9)."""
+    found = []
+    for space in _record_spaces(cfg):
+        for what, matrix in uploads:
+            if matrix.shape[1] != space.shape[1]:
+                continue
+            gap = np.abs(matrix[:, None, :] - space[None, :, :]).max(axis=2)
+            equal = matrix[(gap < 1e-9).any(axis=1)]
+            if len(equal):
+                found.append((what, equal))
+    return found
 
 
 def _recording_proxy(recorder: _Recorder) -> type:
@@ -152,6 +183,29 @@ def test_no_per_sample_array_crosses_the_wire_unless_declared(
     for direction, what, shape in recorder.shapes:
         if what.startswith("report") and direction == "up":
             assert shape[0] == summary["k"] or what.endswith("table"), (what, shape)
+    if not METHODS[method].per_sample:  # the privacy floor: no uploaded centre is one of a client's records
+        for what, rows in raw_rows_uploaded(cfg, recorder.uploaded_rows):
+            pytest.fail(f"{method}: {what} uploaded {len(rows)} raw record(s)")
     for node in range(cfg.num_clients):
         assignments = tmp_path / "nodes" / str(node) / "assignments.csv"
         assert assignments.is_file() and not any(p.name == "assignments.csv" for p in tmp_path.glob("*.csv"))
+
+
+@pytest.mark.parametrize("local_k", [3, 60, 100_000])
+@pytest.mark.parametrize("floor", [1, 5, 40])
+def test_no_run_config_makes_k_fed_upload_a_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_k: int, floor: int
+) -> None:
+    """Whoever writes the run config (the server) cannot lower the clients' floor below 5: with
+    kfed.local-k up to 100,000 every uploaded centre averages at least max(5, floor) records."""
+    recorder = _Recorder()
+    monkeypatch.setattr(inprocess, "InProcessClientProxy", _recording_proxy(recorder))
+    settings = {"kfed.local-k": local_k, "min-cluster-size": floor}
+    overrides = build_overrides(
+        {"method": "kfed", "dataset": "digits", "num-clients": 7, **settings}, tmp_path
+    )
+    summary = execute(overrides, engine="inprocess", quiet=True)
+    assert summary["status"] == "converged"
+    assert raw_rows_uploaded(parse_run_config(overrides), recorder.uploaded_rows) == []
+    counts = [shape for direction, what, shape in recorder.shapes if direction == "up" and what == "fit"]
+    assert all(rows <= 1797 // 7 // max(5, floor) + 1 for rows, *_ in counts[::2])  # k' <= n // floor
