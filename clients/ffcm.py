@@ -15,6 +15,7 @@ from sklearn.cluster import kmeans_plusplus
 from clients.base import ClusteringClient
 from fedapp.clustering import nearest_centre, squared_distances
 from fedapp.methods.ffcm import FFCMConfig
+from fedapp.privacy import WITHHELD_KEY, capped_clusters
 from fedapp.report import Assignment
 
 INIT_ITERS = 100
@@ -31,10 +32,19 @@ def fcm_memberships(X: np.ndarray, centres: np.ndarray, m: float) -> np.ndarray:
     return w / w.sum(1, keepdims=True)
 
 
-def membership_sums(X: np.ndarray, centres: np.ndarray, m: float) -> tuple[np.ndarray, np.ndarray]:
-    """(sum_i u_ij^m x_i, sum_i u_ij^m): the sufficient statistics of the FCM centre update."""
-    um = fcm_memberships(X, centres, m) ** m
-    return um.T @ np.asarray(X, dtype=np.float64), um.sum(0)
+def membership_sums(
+    X: np.ndarray, centres: np.ndarray, m: float, floor: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_i u_ij^m x_i, sum_i u_ij^m): the sufficient statistics of the FCM centre update.
+
+    `floor` > 0 (the privacy floor, `fedapp.privacy`): a cluster whose membership mass sum_i u_ij -
+    its effective number of records - is below the floor is withheld (zero sums and mass)."""
+    u = fcm_memberships(X, centres, m)
+    um = u**m
+    sums, mass = um.T @ np.asarray(X, dtype=np.float64), um.sum(0)
+    withheld = u.sum(0) < floor
+    sums[withheld], mass[withheld] = 0.0, 0.0
+    return sums, mass
 
 
 def local_fcm(
@@ -66,20 +76,25 @@ class FFCMClient(ClusteringClient):
         m = float(config["fuzziness"])
         X = self.data.features
         n = self.data.n_samples
+        capped_clusters(1, n, self.floor)  # fewer records than the floor: nothing may be sent
         if config["phase"] == "moments":  # a sum the server may only see in total (SecAgg+)
             X64 = np.asarray(X, dtype=np.float64)
             return [X64.mean(0), (X64**2).mean(0)], n, self.identity_metrics()
         if config["phase"] == "init":
-            centres, mass = local_fcm(X, self.k, m, self.seed)
-            return [centres, mass], n, self.identity_metrics()
+            centres, mass = local_fcm(X, capped_clusters(self.k, n, self.floor), m, self.seed)
+            effective = fcm_memberships(X, centres, m).sum(0)  # records' worth of membership
+            withheld = effective < self.floor
+            centres[withheld], mass[withheld] = 0.0, 0.0
+            return [centres, mass], n, {**self.identity_metrics(), WITHHELD_KEY: int(withheld.sum())}
         centres = parameters[0]
         extra_iters = int(config.get("local-iters", 1)) - 1
         if extra_iters > 0:  # local refinement before reporting (not exact FCM any more; documented)
             centres, _ = local_fcm(X, centres.shape[0], m, self.seed, centres=centres, iters=extra_iters)
-        sums, mass = membership_sums(X, centres, m)
+        sums, mass = membership_sums(X, centres, m, self.floor)
+        metrics = {**self.identity_metrics(), WITHHELD_KEY: int((mass == 0).sum())}
         if config.get("secagg"):  # SecAgg+ averages with weights n: send per-sample means, bounded values
             sums, mass = sums / n, mass / n
-        return [sums, mass], n, self.identity_metrics()
+        return [sums, mass], n, metrics
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         # argmax_j u_ij is the nearest centre, so hard labels need no memberships
