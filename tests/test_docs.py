@@ -56,11 +56,12 @@ def _links() -> list[tuple[str, str]]:
 def _commands() -> list[Command]:
     commands = []
     for doc in DOCS:
-        in_bash, pending, start = False, "", 0
+        in_fence, in_bash, pending, start = False, False, "", 0
         for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
             fence = FENCE.match(line.strip())
-            if fence:
-                in_bash = not in_bash and fence.group(1) in ("bash", "sh", "")
+            if fence:  # an opening fence says its language; the closing one ends any block
+                in_fence = not in_fence
+                in_bash = in_fence and fence.group(1) in ("bash", "sh", "")
                 continue
             if not in_bash:
                 continue
