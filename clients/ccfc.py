@@ -29,8 +29,9 @@ from fedapp.methods.ccfc import (
     SHAPE_KEYS,
     WANT_CENTROIDS_KEY,
     CCFCConfig,
-    build_model,
 )
+from fedapp.models.ccfc import build_model
+from fedapp.privacy import CLIENT_MIN_CLUSTER, capped_clusters, merge_small_clusters
 from fedapp.report import Assignment
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
@@ -105,12 +106,22 @@ def encode(model: nn.Module, images: torch.Tensor, batch_size: int = ENCODE_BATC
     return torch.cat([model.encode(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
 
 
-def local_centroids(z: torch.Tensor, k: int, seed: int) -> np.ndarray:
-    """Alg. 1 line 11: k-means (k) on the L2-normalised local representations, as float32 (k, d)."""
+def local_centroids(z: torch.Tensor, k: int, seed: int, floor: int = CLIENT_MIN_CLUSTER) -> np.ndarray:
+    """Alg. 1 line 11: k-means (k) on the L2-normalised local representations, as float32 (k, d).
+
+    The privacy floor (`fedapp.privacy`): a cluster of fewer than `floor` records is merged into its
+    nearest neighbour and both send the merged group's mean, so every centroid averages >= floor records
+    and the server still gets k of them."""
     unit = normalize(z, dim=1).cpu().numpy()
     if unit.shape[0] < k:
         raise ValueError(f"local k-means needs at least k={k} samples, this client has {unit.shape[0]}")
-    centres, _ = kmeans(unit, k, seed)
+    capped_clusters(1, unit.shape[0], floor)  # fewer records than the floor: nothing may be sent
+    centres, labels = kmeans(unit, k, seed)
+    merged_labels, merged = merge_small_clusters(unit, labels, floor)
+    if merged:  # every centroid becomes the mean of its (merged) group
+        for cluster in np.unique(labels):
+            target = merged_labels[labels == cluster][0]
+            centres[cluster] = unit[merged_labels == target].mean(0)
     return centres.astype(np.float32)
 
 
@@ -377,4 +388,4 @@ class CCFCClient(ClusteringClient):
         if limit and limit < len(images):
             chosen = np.sort(rng.choice(len(images), size=limit, replace=False))
             images = images[torch.from_numpy(chosen).to(images.device)]
-        return local_centroids(encode(model, images), self.k, int(rng.integers(2**31)))
+        return local_centroids(encode(model, images), self.k, int(rng.integers(2**31)), self.floor)

@@ -15,8 +15,9 @@ import torch
 from flwr.common import Context, NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from clients.fstc import local_kmeans_summary
 from fedapp.config import RunConfig
+from fedapp.datasets.augmented_texts import AUGMENTED_FILES
+from fedapp.fstc_math import local_kmeans_summary
 from fedapp.losses import instance_contrastive_loss
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.methods.fstc import PHASE_INIT
@@ -77,8 +78,6 @@ class FSCCLClient(ClusteringClient):
     def augmentation(self) -> str:
         if self.params.augment != "auto":
             return self.params.augment
-        from fedapp.datasets.texts import AUGMENTED_FILES
-
         return "pairs" if self.data.dataset.name in AUGMENTED_FILES else "dropout"
 
     def build_model(self, dim: int) -> SCCLModel:
@@ -90,7 +89,7 @@ class FSCCLClient(ClusteringClient):
         views = self.views()
         if config.get("phase") == PHASE_INIT:  # the adapter starts as the identity: E = the embeddings
             summary = local_kmeans_summary(
-                views[0].cpu().numpy(), self.params.init_local_k or 2 * self.k, self.seed
+                views[0].cpu().numpy(), self.params.init_local_k or 2 * self.k, self.seed, self.floor
             )
             return summary, self.data.n_samples, self.identity_metrics()
         state = self.context.state

@@ -2,7 +2,7 @@
 mini-batch per round, and document co-occurrence counts of the topics' top words for evaluation.
 
 What never leaves the client: documents, their counts, their embeddings, which documents are in a
-batch. What does: see fedapp/methods/gfedntm.py and notes/method-gfedntm.md (a mini-batch gradient is
+batch. What does: see fedapp/methods/gfedntm.py and docs/methods/gfedntm.md (a mini-batch gradient is
 not anonymous: the encoder's first-layer gradient is non-zero exactly in the columns of words present
 in the batch).
 """

@@ -1,8 +1,9 @@
 """Checkpoints: a killed run resumes from its last checkpoint to the same final result.
 
 Two halves, because state lives on both sides:
-- the server pickles its strategy's state (`strategy-round-R.pkl`) every `checkpoint-every` rounds,
-  after the round's evaluation, and points `latest.json` at it;
+- the server pickles its strategy's `state_dict()` (`strategy-round-R.pkl`) every `checkpoint-every`
+  rounds, after the round's evaluation, and points `latest.json` at it; `restore` hands it back to
+  `load_state_dict` (explicit fields, torch models and optimizers as their own `state_dict`s);
 - every client writes its `context.state` (optimizer moments, RNG states, CeFMC's H_v, ...) after each
   fit as `client-P-round-R.recorddict` (Flower's own protobuf serialisation), keeping the last few.
 
@@ -48,7 +49,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 # ------------------------------------------------------------------------------------- server side
 def save_strategy(directory: Path, server_round: int, state: dict[str, Any]) -> Path:
-    """Pickle the strategy's state after `server_round`; `latest.json` names the newest complete one."""
+    """Pickle a `state_dict()` after `server_round`; `latest.json` names the newest complete one."""
     path = directory / f"strategy-round-{server_round:06d}.pkl"
     _atomic_write(path, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
     _atomic_write(directory / "latest.json", json.dumps({"round": server_round, "file": path.name}).encode())

@@ -1,4 +1,4 @@
-"""The one ClientApp: run-config `method` picks the NumPyClient (see fedapp/methods.py)."""
+"""The one ClientApp: run-config `method` picks the NumPyClient (see fedapp/methods/)."""
 
 from __future__ import annotations
 

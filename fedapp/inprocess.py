@@ -9,6 +9,7 @@ must exercise Flower's runtime.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from flwr.client import Client
@@ -31,6 +32,8 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.history import History
 
+from fedapp.datasets import PARTITION_PLACEHOLDER
+from fedapp.results import default_out_dir
 from fedapp.server_loop import FedappServer
 
 
@@ -74,11 +77,19 @@ def run_inprocess(
     )
     components = server_fn(server_context)
     manager = SimpleClientManager()
+    out_dir = str(run_config.get("out-dir") or "") or str(
+        default_out_dir(
+            str(run_config.get("method")), str(run_config.get("dataset")), int(run_config.get("seed", 0))
+        )
+    )
+    node_out = str(run_config.get("node-out-dir") or "") or str(
+        Path(out_dir) / "nodes" / PARTITION_PLACEHOLDER
+    )
     for pid in range(num_clients):
         context = Context(
             run_id=0,
             node_id=pid + 1,
-            node_config={"partition-id": pid, "num-partitions": num_clients},
+            node_config={"partition-id": pid, "num-partitions": num_clients, "node-out-dir": node_out},
             state=RecordDict(),
             run_config=dict(run_config),
         )

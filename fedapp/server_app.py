@@ -1,4 +1,4 @@
-"""The one ServerApp: run-config `method` picks the strategy (see fedapp/methods.py)."""
+"""The one ServerApp: run-config `method` picks the strategy (see fedapp/methods/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
-from fedapp.config import ConfigError, parse_run_config
+from fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedapp.methods import load_class, method_spec
 from fedapp.results import PROGRESS_MARKER
 from fedapp.server_loop import FedappServer, run_secure
@@ -18,7 +18,11 @@ from fedapp.server_loop import FedappServer, run_secure
 
 def server_fn(context: Context) -> ServerAppComponents:
     """Validate the whole run config before round 1, then build the method's strategy."""
-    cfg = parse_run_config(context.run_config)
+    return server_components(parse_run_config(context.run_config))
+
+
+def server_components(cfg: RunConfig) -> ServerAppComponents:
+    """`FedappServer` with the method's strategy (restored from its checkpoint when `resume` is set)."""
     spec = method_spec(cfg.method)
     if spec.strategy is None:
         raise ConfigError(
@@ -53,9 +57,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower's legacy server loop (our `FedappServer`), or its SecAgg+ variant when `secagg` is on."""
-    components = server_fn(context)
-    assert components.server is not None and components.config is not None
     cfg = parse_run_config(context.run_config)
+    components = server_components(cfg)
+    assert components.server is not None and components.config is not None
     if cfg.secagg:
         run_secure(grid, context, components.server, components.config, cfg)
     else:

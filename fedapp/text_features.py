@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fedapp.datasets import Dataset, resolve_data_dir
-from fedapp.datasets.texts import augmented_views
+from fedapp.datasets.augmented_texts import augmented_views
 from fedapp.embeddings import embed_texts
 from fedapp.local_data import LocalData
 

@@ -8,7 +8,8 @@ from flwr.common import Parameters, ndarrays_to_parameters
 from fedapp.config import RunConfig
 from fedapp.methods.bench_echo import EchoConfig
 from fedapp.protocol import ArraySpec
-from strategies.base import ClientReply, ClusteringStrategy
+from strategies.base import ClusteringStrategy
+from strategies.replies import ClientReply
 
 
 class EchoStrategy(ClusteringStrategy):

@@ -32,13 +32,14 @@ from fedapp.methods.ccfc import (
     SHAPE_KEYS,
     WANT_CENTROIDS_KEY,
     CCFCConfig,
-    initial_model,
     phase_of,
 )
 from fedapp.metrics import clustering_metrics, decode_table
+from fedapp.models.ccfc import initial_model
 from fedapp.protocol import ArraySpec, ReplyError
 from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
-from strategies.base import ClientReply, ClusteringStrategy, keep_modal
+from strategies.base import ClusteringStrategy
+from strategies.replies import ClientReply, keep_modal
 
 MODEL_FILE = "global_model.npz"  # the final global model and centroids (for simulation/ccfc analyses)
 
@@ -90,6 +91,15 @@ class CCFCStrategy(ClusteringStrategy):
 
     method = "ccfc"
     headline_metrics = ("acc", "nmi", "kappa")
+    state_fields = (
+        "image_shape",
+        "schema",
+        "global_state",
+        "centroids",
+        "centroids_round",
+        "phases",
+        "client_metrics",
+    )
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -212,12 +222,9 @@ class CCFCStrategy(ClusteringStrategy):
         """Only rounds that produced global centroids can be scored (Eq. 3 needs them)."""
         return self.centroids_round == server_round and super().should_evaluate(server_round)
 
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
+    def evaluation_metrics(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]
+    ) -> tuple[dict[str, float], dict[str, Any]] | None:
         """Also score each client on its own samples (paper Table 4: kappa per client)."""
         per_client: dict[str, dict[str, float]] = {}
         for _, res in results:
@@ -227,7 +234,7 @@ class CCFCStrategy(ClusteringStrategy):
             except (KeyError, ValueError):
                 continue  # the base class logs and drops malformed tables
         self.client_metrics[server_round] = dict(sorted(per_client.items(), key=lambda kv: int(kv[0])))
-        return super().aggregate_evaluate(server_round, results, failures)
+        return super().evaluation_metrics(server_round, results)
 
     # ----------------------------------------------------------------------------------- outputs
     def extra_summary(self) -> dict[str, Any]:

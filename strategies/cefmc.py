@@ -28,7 +28,7 @@ from sklearn.cluster import KMeans
 from fedapp.config import RunConfig
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.protocol import ArraySpec, ReplyError, label_dtype
-from strategies.base import ClientReply
+from strategies.replies import ClientReply
 from strategies.vertical import VerticalStrategy
 
 
@@ -238,6 +238,7 @@ class CeFMCStrategy(VerticalStrategy):
 
     method = "cefmc"
     full_representation = False
+    state_fields = ("y", "C", "C_views", "initial_labels")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)

@@ -18,7 +18,7 @@ from flwr.common import Scalar
 from fedapp.config import RunConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
 from fedapp.protocol import ArraySpec, ReplyError, label_dtype
-from strategies.base import ClientReply
+from strategies.replies import ClientReply
 from strategies.vertical import VerticalStrategy
 
 
@@ -92,6 +92,7 @@ class FedCMvStrategy(VerticalStrategy):
     sends the labels back; stops on the relative objective change <= delta (as CeFMC)."""
 
     method = "fedcmv"
+    state_fields = ("assignment",)
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)

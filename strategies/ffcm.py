@@ -17,26 +17,38 @@ from fedapp.clustering import kmeans
 from fedapp.config import RunConfig
 from fedapp.methods.ffcm import FFCMConfig
 from fedapp.protocol import ArraySpec, ReplyError
-from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
+from strategies.base import ClusteringStrategy
+from strategies.replies import ClientReply, consistent_replies
 
 
 def merge_weighted_centres(
     centres: list[np.ndarray], masses: list[np.ndarray], k: int, seed: int
 ) -> np.ndarray:
-    """Initial global centres: k-means over local centres weighted by their membership mass."""
+    """Initial global centres: k-means over local centres weighted by their membership mass (a centre a
+    client withheld under its privacy floor comes with mass 0 and is left out)."""
     union, weights = np.concatenate(centres), np.concatenate(masses)
+    union, weights = union[weights > 0], weights[weights > 0]
     if union.shape[0] < k:
         raise ValueError(f"only {union.shape[0]} local centres for k={k} global clusters")
     global_centres, _ = kmeans(union, k, seed, sample_weight=weights)
     return global_centres
 
 
-def centres_from_sums(sums: list[np.ndarray], masses: list[np.ndarray]) -> np.ndarray:
-    """FCM centre update over the union: c_j = sum_clients sum_i u_ij^m x_i / sum_clients sum_i u_ij^m."""
+def centres_from_sums(
+    sums: list[np.ndarray], masses: list[np.ndarray], previous: np.ndarray | None = None
+) -> np.ndarray:
+    """FCM centre update over the union: c_j = sum_clients sum_i u_ij^m x_i / sum_clients sum_i u_ij^m.
+
+    A cluster every client withheld (its membership mass below their privacy floor) keeps its `previous`
+    centre; without one, zero mass is an error."""
     total_mass = np.sum(masses, axis=0)
-    if (total_mass <= 0).any():
+    empty = total_mass <= 0
+    if empty.any() and previous is None:
         raise ValueError("a cluster received zero membership mass")
-    return np.sum(sums, axis=0) / total_mass[:, None]
+    centres = np.sum(sums, axis=0) / np.where(empty, 1.0, total_mass)[:, None]
+    if empty.any():
+        centres[empty] = previous[empty]  # type: ignore[index]
+    return centres
 
 
 def centres_from_moments(mean: np.ndarray, mean_square: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -56,6 +68,7 @@ def relative_shift(old: np.ndarray, new: np.ndarray) -> float:
 
 class FFCMStrategy(ClusteringStrategy):
     method = "ffcm"
+    state_fields = ("centres", "shifts")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -118,7 +131,7 @@ class FFCMStrategy(ClusteringStrategy):
             # plain: sum_i sums_i / sum_i mass_i. SecAgg+: every reply holds the same secure average of
             # (sums_i / n_i) and (mass_i / n_i), whose ratio is that very quotient
             masses = [np.maximum(r.arrays[1], 0.0) for r in replies]
-            updated = centres_from_sums([r.arrays[0] for r in replies], masses)
+            updated = centres_from_sums([r.arrays[0] for r in replies], masses, self.centres)
             self.shifts.append(relative_shift(self.centres, updated))
             self.centres = updated
             if self.shifts[-1] <= self.params.delta:

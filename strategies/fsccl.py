@@ -17,16 +17,17 @@ import torch
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
 from fedapp.config import RunConfig
+from fedapp.fstc_math import initial_centres
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.models.fsccl import SCCLModel
 from fedapp.protocol import ArraySpec, ReplyError
 from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
-from strategies.fstc import initial_centres
 
 
 class FSCCLStrategy(ClusteringStrategy):
     method = "fsccl"
+    state_fields = ("schema", "global_model", "train_metrics")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)

@@ -14,7 +14,6 @@ initial model gets it (and the current C̃) the first time it is asked again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from logging import INFO
 from typing import Any
 
@@ -23,8 +22,8 @@ import torch
 from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.clustering import kmeans
 from fedapp.config import RunConfig
+from fedapp.fstc_math import aggregate_centres, initial_centres
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, PHASE_TRAIN, FSTCConfig
 from fedapp.models.fstc import fstc_model
 from fedapp.protocol import ArraySpec, ReplyError
@@ -32,38 +31,12 @@ from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
 
-def initial_centres(
-    points: Sequence[np.ndarray], weights: Sequence[np.ndarray] | None, k: int, seed: int
-) -> np.ndarray:
-    """Alg. 2 lines 2-4: k-means over the clients' local centres (weighted by their sizes) or representations.
-
-    With local centres, the weighted k-means stands in for clustering the representations themselves;
-    its centres are what Eq. 15-16 give for the resulting partition, so they also serve as the initial C̃.
-    """
-    union = np.concatenate([np.asarray(p, dtype=np.float64) for p in points])
-    if union.shape[0] < k:
-        raise ValueError(f"only {union.shape[0]} points for k={k} initial centres")
-    sample_weight = None if weights is None else np.concatenate(weights).astype(np.float64)
-    centres, _ = kmeans(union, k, seed, sample_weight=sample_weight)
-    return centres
-
-
-def aggregate_centres(
-    centres: Sequence[np.ndarray], counts: Sequence[np.ndarray], previous: np.ndarray
-) -> np.ndarray:
-    """Eq. 16: C̃_k = Σ_μ n_k^(μ) C_k^(μ) / Σ_η n_k^(η); a cluster no client holds keeps its previous C̃_k."""
-    stacked = np.stack([np.asarray(c, dtype=np.float64) for c in centres])  # m x K x D
-    sizes = np.stack([np.asarray(n, dtype=np.float64) for n in counts])  # m x K
-    total = sizes.sum(0)
-    weighted = np.einsum("mk,mkd->kd", sizes, stacked)
-    return np.where(total[:, None] > 0, weighted / np.maximum(total, 1.0)[:, None], previous)
-
-
 class FSTCStrategy(ClusteringStrategy):
     """See the module docstring. Variants without centre aggregation set `align = False`."""
 
     method = "fstc"
     align = True
+    state_fields = ("centres", "initial_model", "schema", "global_model", "has_model", "train_metrics")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)

@@ -19,6 +19,7 @@ reply takes no step and is retried with the same batches. The vocabulary round i
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -33,14 +34,12 @@ from flwr.common import (
     log,
     ndarrays_to_parameters,
 )
-from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.bow import BowError, DocumentFrequencies, merge_document_frequencies, select_vocabulary
 from fedapp.config import RunConfig
 from fedapp.datasets.synthetic import VARIANTS as SYNTHETIC_DATASETS
 from fedapp.datasets.synthetic import synthetic_truth
-from fedapp.ledger import mapping_nbytes, parameters_nbytes
 from fedapp.methods.gfedntm import (
     COOCCURRENCE_KEY,
     DIVERSITY_TOP_WORDS,
@@ -78,7 +77,9 @@ from fedapp.torch_glue import (
     state_schema,
     weighted_average,
 )
-from strategies.base import ClientReply, ClusteringStrategy, FederationError, keep_modal
+from strategies.base import ClusteringStrategy
+from strategies.replies import ClientReply, keep_modal
+from strategies.roster import FederationError
 
 
 def weighted_gradient(gradients: list[list[np.ndarray]], batch_sizes: list[int]) -> list[np.ndarray]:
@@ -92,10 +93,86 @@ def server_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradie
     optimizer.step()
 
 
+def synthetic_scores(
+    model: torch.nn.Module,
+    vocabulary: Sequence[str],
+    dataset: str,
+    seed: int,
+    theta_samples: int,
+    context_dim: int,
+) -> dict[str, float]:
+    """TSS (Eq. 6) and DSS (Eq. 5) against the generator's truth (the benchmark's evaluation harness:
+    held-out documents and true topics come from the generator, not from any client)."""
+    truth = synthetic_truth(dataset, seed)
+    index = {term: j for j, term in enumerate(truth.vocabulary)}
+    columns = np.array([index[term] for term in vocabulary])
+    size = len(truth.vocabulary)
+    topic_word = model.topic_word().cpu().numpy().astype(np.float64)
+    beta = model.beta.detach().cpu().numpy().astype(np.float64)
+    heldout = truth.heldout_counts
+    contexts = bow_projection(heldout, seed) if context_dim else None
+    theta = infer_theta(model, Corpus(heldout[:, columns], contexts), n_samples=theta_samples, seed=seed)
+    return {
+        "tss": topic_similarity_score(to_full_vocabulary(topic_word, columns, size), truth.topics),
+        "dss": document_similarity_score(truth.heldout_theta, theta),
+        "tss_double_softmax": topic_similarity_score(
+            to_full_vocabulary(reference_double_softmax(beta), columns, size), truth.topics
+        ),
+    }
+
+
+def summed_cooccurrences(
+    server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], shape: tuple[int, int, int]
+) -> tuple[np.ndarray | None, int]:
+    """(sum of the clients' top-word co-occurrence counts, their documents); invalid counts are logged
+    and left out, None when none is valid."""
+    total, documents = None, 0
+    for client, res in results:
+        try:
+            counts = decode_array(res.metrics.get(COOCCURRENCE_KEY))  # type: ignore[arg-type]
+        except ValueError as exc:
+            log(
+                WARNING,
+                "round %d: rejected co-occurrence counts of client %s: %s",
+                server_round,
+                client.cid,
+                exc,
+            )
+            continue
+        if (
+            counts.shape != shape
+            or counts.dtype.kind not in "iu"
+            or (counts < 0).any()
+            or counts.max(initial=0) > res.num_examples
+        ):
+            log(
+                WARNING,
+                "round %d: rejected co-occurrence counts of client %s (shape %s)",
+                server_round,
+                client.cid,
+                counts.shape,
+            )
+            continue
+        total = counts if total is None else total + counts
+        documents += res.num_examples
+    return total, documents
+
+
 class GFedNTMStrategy(ClusteringStrategy):
     """See the module docstring; hooks read top to bottom: configure -> validate -> aggregate -> evaluate."""
 
     method = "gfedntm"
+    state_fields = (
+        "vocabulary",
+        "context_dim",
+        "client_documents",
+        "steps_per_epoch",
+        "total_steps",
+        "step",
+        "has_vocabulary",
+        "last_loss",
+        "step_seconds",
+    )  # W and the server optimizer: `state_dict`
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -120,6 +197,30 @@ class GFedNTMStrategy(ClusteringStrategy):
     @property
     def training(self) -> bool:
         return self.model is not None
+
+    def new_global_model(self) -> None:
+        """W^(0) from the run seed for the merged vocabulary, and the server optimizer."""
+        assert self.vocabulary is not None
+        params = self.params
+        self.model = build_model(params, len(self.vocabulary), self.context_dim, self.cfg.seed, self.device)
+        self.optimizer = make_optimizer(
+            list(self.model.parameters()), params.optimizer, params.lr, params.betas
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base state plus W and the server optimizer's moments (their torch `state_dict`s)."""
+        state = super().state_dict()
+        if self.model is not None and self.optimizer is not None:
+            state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "model" in state:
+            self.new_global_model()
+            assert self.model is not None and self.optimizer is not None
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
 
     # -------------------------------------------------------------------------------- configure
     def needs_every_client(self, server_round: int) -> bool:
@@ -216,10 +317,7 @@ class GFedNTMStrategy(ClusteringStrategy):
         except TopicModelError as exc:
             raise FederationError(f"batch-size {params.batch_size}: {exc}") from None
         self.context_dim = int(replies[0].metrics["context-dim"])
-        self.model = build_model(params, len(self.vocabulary), self.context_dim, self.cfg.seed, self.device)
-        self.optimizer = make_optimizer(
-            list(self.model.parameters()), params.optimizer, params.lr, params.betas
-        )
+        self.new_global_model()
         wanted = params.epochs * self.steps_per_epoch
         if params.max_steps:
             wanted = min(wanted, params.max_steps)
@@ -260,85 +358,41 @@ class GFedNTMStrategy(ClusteringStrategy):
             np.average([float(reply.metrics.get("loss", np.nan)) for reply in replies], weights=weights)
         )
         self.step += self.params.local_steps
-        if server_round in self._round_started:
-            self.step_seconds.append(time.perf_counter() - self._round_started[server_round])
+        if server_round in self.record.round_started:
+            self.step_seconds.append(time.perf_counter() - self.record.round_started[server_round])
         if self.step >= self.total_steps:
             self.finished = True
             self.stop_reason = f"{self.step} steps ({self.step / self.steps_per_epoch:g} epochs)"
         return ndarrays_to_parameters(state_arrays(self.model))
 
     # -------------------------------------------------------------------------------- evaluate
-    def configure_evaluate(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    def should_evaluate(self, server_round: int) -> bool:
+        return self.training and super().should_evaluate(server_round)
+
+    def evaluation_instructions(
+        self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if not self.training or self._final_evaluated or not self.should_evaluate(server_round):
-            self.report_round(server_round)
-            return []
+        """Every client counts the co-occurrences of the top words (NPMI); TD, TSS, DSS come from W."""
         self._pending = self.server_metrics()
         top = top_words(self.topic_word(), NPMI_TOP_WORDS)
         ins = EvaluateIns(
             ndarrays_to_parameters([top]), {"server-round": server_round, "phase": PHASE_COOCCURRENCE}
         )
-        clients = self._clients(client_manager)
-        for client in clients:
-            self.ledger.record(
-                server_round,
-                client.cid,
-                "evaluate",
-                down=parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config),
-            )
         return [(client, ins) for client in clients]
 
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        total, documents = None, 0
+    def evaluation_metrics(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """The server's metrics plus NPMI from the summed co-occurrence counts of the clients."""
         shape = (self.params.topics, NPMI_TOP_WORDS, NPMI_TOP_WORDS)
-        for client, res in sorted(results, key=lambda item: item[0].cid):
-            self.ledger.record(server_round, client.cid, "evaluate", up=mapping_nbytes(res.metrics))
-            try:
-                counts = decode_array(res.metrics.get(COOCCURRENCE_KEY))  # type: ignore[arg-type]
-            except ValueError as exc:
-                log(
-                    WARNING,
-                    "round %d: rejected co-occurrence counts of client %s: %s",
-                    server_round,
-                    client.cid,
-                    exc,
-                )
-                continue
-            if (
-                counts.shape != shape
-                or counts.dtype.kind not in "iu"
-                or (counts < 0).any()
-                or counts.max(initial=0) > res.num_examples
-            ):
-                log(
-                    WARNING,
-                    "round %d: rejected co-occurrence counts of client %s (shape %s)",
-                    server_round,
-                    client.cid,
-                    counts.shape,
-                )
-                continue
-            total = counts if total is None else total + counts
-            documents += res.num_examples
+        total, documents = summed_cooccurrences(server_round, results, shape)
         metrics = dict(self._pending)
         if total is not None:
             metrics["npmi"] = float(npmi_from_cooccurrence(total, documents).mean())
         else:
             log(WARNING, "round %d: no co-occurrence counts; NPMI not computed", server_round)
-        self.record_evaluation(
-            server_round,
-            metrics,
-            step=self.step,
-            epoch=self.step / max(self.steps_per_epoch, 1),
-            train_loss=self.last_loss,
-        )
-        return None, dict(metrics)
+        epoch = self.step / max(self.steps_per_epoch, 1)
+        return metrics, {"step": self.step, "epoch": epoch, "train_loss": self.last_loss}
 
     def headline_text(self, metrics: dict[str, float]) -> str:
         shown = " ".join(f"{key} {metrics[key]:.4g}" for key in self.headline_metrics if key in metrics)
@@ -352,33 +406,13 @@ class GFedNTMStrategy(ClusteringStrategy):
         """What the server computes from W alone: topic diversity; on synthetic corpora TSS and DSS."""
         metrics = {"td": topic_diversity(top_words(self.topic_word(), DIVERSITY_TOP_WORDS))}
         if self.synthetic:
-            metrics.update(self.synthetic_scores())
+            assert self.model is not None and self.vocabulary is not None
+            cfg, theta_samples = self.cfg, self.params.theta_samples
+            scores = synthetic_scores(
+                self.model, self.vocabulary, cfg.dataset, cfg.seed, theta_samples, self.context_dim
+            )
+            metrics.update(scores)
         return metrics
-
-    def synthetic_scores(self) -> dict[str, float]:
-        """TSS (Eq. 6) and DSS (Eq. 5) against the generator's truth (the benchmark's evaluation harness:
-        held-out documents and true topics come from the generator, not from any client)."""
-        assert self.model is not None and self.vocabulary is not None
-        truth = synthetic_truth(self.cfg.dataset, self.cfg.seed)
-        index = {term: j for j, term in enumerate(truth.vocabulary)}
-        columns = np.array([index[term] for term in self.vocabulary])
-        size = len(truth.vocabulary)
-        beta = self.model.beta.detach().cpu().numpy().astype(np.float64)
-        heldout = truth.heldout_counts
-        contexts = bow_projection(heldout, self.cfg.seed) if self.context_dim else None
-        theta = infer_theta(
-            self.model,
-            Corpus(heldout[:, columns], contexts),
-            n_samples=self.params.theta_samples,
-            seed=self.cfg.seed,
-        )
-        return {
-            "tss": topic_similarity_score(to_full_vocabulary(self.topic_word(), columns, size), truth.topics),
-            "dss": document_similarity_score(truth.heldout_theta, theta),
-            "tss_double_softmax": topic_similarity_score(
-                to_full_vocabulary(reference_double_softmax(beta), columns, size), truth.topics
-            ),
-        }
 
     def report_parameters(self) -> Parameters | None:
         """Vocabulary, then the model state: what a client (or `predict`) needs to infer topics."""

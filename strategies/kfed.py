@@ -10,7 +10,8 @@ from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 from fedapp.clustering import kmeans
 from fedapp.methods.kfed import KFedConfig
 from fedapp.protocol import ArraySpec, ReplyError
-from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
+from strategies.base import ClusteringStrategy
+from strategies.replies import ClientReply, consistent_replies
 
 
 def merge_local_centres(local_centres: list[np.ndarray], k: int, seed: int) -> np.ndarray:

@@ -43,7 +43,6 @@ from fedapp.label_free import (
     merge_term_counts,
     pooled_means,
 )
-from fedapp.ledger import mapping_nbytes, parameters_nbytes
 from fedapp.methods import method_spec
 from fedapp.model_store import MODEL_DIR, write_model
 from fedapp.protocol import decode_array
@@ -100,7 +99,7 @@ class ReportingStrategy:
                 return []
             self._report_parameters = parameters
             self._report_started = time.perf_counter()
-            clients = self._clients(client_manager)  # type: ignore[attr-defined]
+            clients = self.roster.usable(client_manager, self.record)  # type: ignore[attr-defined]
             ins = EvaluateIns(parameters, {REPORT_KEY: STAGE_ASSIGN})
             instructions = [(client, ins) for client in clients]
         elif stage == STAGE_DISTANCES:
@@ -109,9 +108,7 @@ class ReportingStrategy:
             instructions = self._distance_instructions()
         else:
             raise ValueError(f"unknown report stage {stage!r}")
-        for client, ins in instructions:
-            down = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)
-            self.record.ledger.record(self._report_round, client.cid, "report", down=down)  # type: ignore[attr-defined]
+        self.record.sent(self._report_round, "report", instructions)  # type: ignore[attr-defined]
         self._report_cids = [client.cid for client, _ in instructions]
         return instructions
 
@@ -161,9 +158,7 @@ class ReportingStrategy:
         missing = sorted(set(self._report_cids) - answered)
         for failure in failures:
             log(WARNING, "final report (%s): client failure: %s", stage, describe_failure(failure))
-        for client, res in results:
-            up = mapping_nbytes(res.metrics)
-            self.record.ledger.record(self._report_round, client.cid, "report", up=up)  # type: ignore[attr-defined]
+        self.record.received(self._report_round, "report", results)  # type: ignore[attr-defined]
         self.report["seconds"] = time.perf_counter() - self._report_started  # both stages, end to end
         record = self.report.setdefault("problems", {})
         if missing:

@@ -17,8 +17,9 @@ from fedapp.bow import DocumentFrequencies, idf_weights, merge_document_frequenc
 from fedapp.config import RunConfig
 from fedapp.methods.textkfed import DOCUMENTS_KEY, PHASE_CENTRES, PHASE_VOCABULARY, TextKFedConfig
 from fedapp.protocol import ArraySpec, ReplyError
-from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
+from strategies.base import ClusteringStrategy
 from strategies.kfed import KFedStrategy, merge_local_centres
+from strategies.replies import ClientReply, consistent_replies
 
 
 def shared_vocabulary(
@@ -36,6 +37,7 @@ class BagOfWordsKFedStrategy(ClusteringStrategy):
 
     method = "fbow"
     tfidf = False
+    state_fields = ("vocabulary", "idf")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)

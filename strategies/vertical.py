@@ -23,7 +23,8 @@ from fedapp.config import RunConfig
 from fedapp.datasets import is_source_spec
 from fedapp.protocol import LABEL_HOLDER, ArraySpec, ReplyError, label_dtype
 from fedapp.results import PROGRESS_MARKER
-from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
+from strategies.base import ClusteringStrategy
+from strategies.replies import ClientReply, consistent_replies
 
 
 def has_converged(previous_objective: float | None, objective: float, delta: float) -> bool:
@@ -38,12 +39,21 @@ def has_converged(previous_objective: float | None, objective: float, delta: flo
 class VerticalStrategy(ClusteringStrategy):
     """Subclasses implement `initialised`, `view_payload`, `reply_spec` and `aggregate_views`."""
 
+    state_fields = (
+        "aligned_ids",
+        "alignment",
+        "n_views",
+        "n_samples",
+        "objectives",
+        "last_reply",
+        "stale_views",
+    )
+
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         self.own_data = is_source_spec(cfg.dataset)  # parties' own files: line them up by id first
         self.aligned_ids: np.ndarray | None = None  # the intersection of the parties' id hashes
         self.alignment: dict[str, dict[str, int]] = {}  # party -> its rows and how many were left out
-        self._intersection_sent: set[str] = set()
         self.n_views: int | None = cfg.num_clients or None
         self.n_samples: int | None = None
         self.objectives: list[float] = []  # one per update round
@@ -160,7 +170,7 @@ class VerticalStrategy(ClusteringStrategy):
         return consistent_replies(replies, server_round, axis=0) if self.n_samples is None else replies
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
-        n_views = self.n_views or self.clients_seen
+        n_views = self.n_views or self.roster.clients_seen
         if not 0 <= reply.partition_id < n_views:
             raise ReplyError(
                 f"partition-id {reply.partition_id} is not a view of this federation (0..{n_views - 1})"
@@ -171,7 +181,7 @@ class VerticalStrategy(ClusteringStrategy):
 
     def align(self, replies: list[ClientReply]) -> None:
         """Intersect the parties' id hashes (`fedapp.alignment`); a tiny overlap stops the run."""
-        n_views = self.n_views or self.clients_seen
+        n_views = self.n_views or self.roster.clients_seen
         hashes = {reply.partition_id: reply.arrays[0] for reply in replies}
         missing = sorted(set(range(n_views)) - set(hashes))
         if missing:
@@ -200,7 +210,7 @@ class VerticalStrategy(ClusteringStrategy):
         if self.aligning:
             self.align(replies)
             return None
-        n_views = self.n_views or self.clients_seen
+        n_views = self.n_views or self.roster.clients_seen
         by_view: dict[int, ClientReply] = {}
         for reply in replies:
             if reply.partition_id in by_view:

@@ -58,7 +58,10 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
     "p-nan": ({"p": float("nan")}, "'p' must be a finite number"),
     "unknown-scaling": ({"scaling": "robust"}, "'scaling' must be one of 'none', 'zscore', 'minmax', 'l2'"),
     "unknown-partition": ({"partition": "shards"}, "'partition' must be one of 'auto', 'iid'"),
-    "fuzziness-one": ({"method": "ffcm", "ffcm.fuzziness": 1.0}, "'ffcm.fuzziness' must be > 1, got 1"),
+    "fuzziness-one": (
+        {"method": "ffcm", "ffcm.fuzziness": 1.0},
+        "'ffcm.fuzziness' must be in (1, 100], got 1",
+    ),
     "negative-seed": ({"seed": -1}, "'seed' must be >= 0"),
     "horizontal-method-vertical-partition": (
         {"method": "kfed", "partition": "vertical"},

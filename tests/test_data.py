@@ -311,7 +311,7 @@ def test_mat_v73_needs_h5py(tmp_path: Path) -> None:
 
 def test_mat_unreadable_or_missing(tmp_path: Path) -> None:
     (tmp_path / "junk.mat").write_bytes(b"\x17" * 300)
-    with pytest.raises(DatasetError, match=r"junk\.mat: not a readable MATLAB"):
+    with pytest.raises(DatasetError, match=r"junk\.mat: not a MATLAB \.mat file"):
         load_dataset("mat:junk.mat", tmp_path)
     with pytest.raises(DatasetError, match=rf"missing none\.mat in directory {tmp_path}"):
         load_dataset("mat:none.mat", tmp_path)
@@ -408,16 +408,17 @@ def test_generic_mat_reader_matches_catalogue_loaders() -> None:
 
 
 def test_registry_entries_say_kind_files_and_methods() -> None:
-    from fedapp.datasets import dataset_info, dataset_infos, methods_for_kind
-    from fedapp.methods import METHODS
+    from fedapp.datasets import dataset_info, dataset_infos
+    from fedapp.methods import METHODS, methods_for_kind
 
     infos = {info.name: info for info in dataset_infos()}
     assert set(infos) == set(available_datasets())
     assert infos["digits"].files == () and infos["digits"].kind == "images"
     assert infos["hw"].files == ("hw/Handwritten.mat",)
-    assert "cefmc" in infos["hw"].methods and "cefmc" not in infos["mnist"].methods
-    for info in infos.values():
-        assert info.methods == tuple(m for m, spec in METHODS.items() if info.kind in spec.modalities)
+    hw_methods, mnist_methods = (methods_for_kind(infos[name].kind) for name in ("hw", "mnist"))
+    assert "cefmc" in hw_methods and "cefmc" not in mnist_methods
+    for kind in {info.kind for info in infos.values()}:
+        assert methods_for_kind(kind) == tuple(m for m, spec in METHODS.items() if kind in spec.modalities)
     assert methods_for_kind("texts") == tuple(m for m, s in METHODS.items() if "texts" in s.modalities)
     assert dataset_info("mat:a/b.mat").files == ("a/b.mat",)
     with pytest.raises(DatasetError, match="unknown dataset 'nope'"):

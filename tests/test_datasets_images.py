@@ -17,6 +17,7 @@ import pytest
 
 from fedapp.datasets import DatasetError, dataset_info, load_dataset, registry
 from fedapp.datasets.images import FASHION_NAMES
+from fedapp.methods import methods_for_kind
 from tests.synthetic_images import (
     CIFAR_NAMES,
     IDX_FILES,
@@ -283,7 +284,8 @@ def test_registry_entries_for_images() -> None:
         info.files[0] == "cifar-10-batches-py/data_batch_1"
         and info.files[-1] == "cifar-10-batches-py/batches.meta"
     )
-    assert {"kmeans", "kfed", "ffcm"} <= set(info.methods) and "cefmc" not in info.methods
+    methods = methods_for_kind(info.kind)
+    assert {"kmeans", "kfed", "ffcm"} <= set(methods) and "cefmc" not in methods
     assert dataset_info("stl10").files[-1] == "stl10_binary/class_names.txt"
     assert all(
         dataset_info(name).kind == "images" for name in ("digits", "mnist", "mnist-test", "fashion-mnist")

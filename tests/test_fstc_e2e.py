@@ -15,11 +15,11 @@ from flwr.common import Context, RecordDict
 
 from clients.fstc import FSTCClient
 from fedapp.config import parse_run_config
+from fedapp.fstc_math import initial_centres
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fstc import fstc_model
 from fedapp.torch_glue import state_arrays, state_schema
 from simulation.runner import build_overrides, execute
-from strategies.fstc import initial_centres
 
 QUICK = {"fstc.local-iters": 20, "fstc.batch-size": 50, "fstc.warmup-iters": 10, "fstc.label-updates": 4}
 
@@ -65,7 +65,7 @@ def test_the_mixture_runs_on_one_blas_thread(tmp_path: Path, monkeypatch: pytest
     """OpenBLAS threads on the N x K mixture made a contended 2-core run 2.2x slower (fedapp/threads.py)."""
     from threadpoolctl import threadpool_info
 
-    from clients.fstc import GaussianUniformMixture
+    from fedapp.fstc_math import GaussianUniformMixture
 
     seen: list[int] = []
     fit = GaussianUniformMixture.fit_responsibilities

@@ -9,12 +9,11 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from clients.fstc import (
+from clients.fstc import LabellingState, LocalInputs, LocalUpdate
+from fedapp.config_keys import ConfigError
+from fedapp.fstc_math import (
     GaussianUniformMixture,
     LocalCentres,
-    LocalInputs,
-    LocalUpdate,
-    Progress,
     alignment_loss,
     cluster_centres,
     label_update_steps,
@@ -23,7 +22,6 @@ from clients.fstc import (
     sinkhorn_log_plan,
     weighted_mse,
 )
-from fedapp.config_keys import ConfigError
 from fedapp.losses import instance_contrastive_loss
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fstc import FSTCModel
@@ -229,23 +227,20 @@ def test_sinkhorn_warm_start_reaches_the_same_plan_in_fewer_iterations() -> None
 
 def _update(**overrides: object) -> LocalUpdate:
     settings: dict[str, object] = dict(
-        k=3,
         epsilon=0.1,
         lam=0.0,
-        robust=False,
-        align=False,
         loss_on="scores",
         residual_on="loss-on",
-        schedule=frozenset(),
         sinkhorn_iters=100,
         sinkhorn_tol=1e-6,
         gum_steps=1,
         gum_threshold=0.5,
-        eval_batch=64,
         align_centres="local",
+        augment="pairs",  # the contrastive term needs it; the loss reads the views it is given
     )
     settings.update(overrides)
-    return LocalUpdate(**settings)  # type: ignore[arg-type]
+    params = FSTCConfig(**settings)  # type: ignore[arg-type]
+    return LocalUpdate(params, k=3, robust=False, align=False, schedule=frozenset(), eval_batch=64)
 
 
 def test_contrastive_term_is_sccl_nt_xent_between_the_two_views() -> None:
@@ -255,7 +250,7 @@ def test_contrastive_term_is_sccl_nt_xent_between_the_two_views() -> None:
     inputs = LocalInputs(views, torch.device("cpu"))
     model = FSTCModel(8, 3, adapter_hidden=8, head_hidden=0)
     targets = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, 3, 40)), 3).float()
-    progress = Progress(0, targets, torch.zeros(40, 3), None)
+    progress = LabellingState(0, targets, torch.zeros(40, 3), None)
     weights = torch.ones(40)
     indices = np.arange(10, 30)
     plain = _update().loss(model, inputs, indices, progress, weights, None)
@@ -295,7 +290,7 @@ def test_the_mixture_residual_can_differ_from_the_loss_target(
     inputs = LocalInputs([rng.normal(size=(30, 6)).astype(np.float32)], torch.device("cpu"))
     model = FSTCModel(6, 3, adapter_hidden=6, head_hidden=0)
     targets = torch.nn.functional.one_hot(torch.as_tensor(rng.integers(0, 3, 30)), 3).float()
-    progress = Progress(0, targets, torch.zeros(30, 3), None)
+    progress = LabellingState(0, targets, torch.zeros(30, 3), None)
     update = _update(loss_on=loss_on, residual_on=residual_on)
     indices = np.arange(5, 25)
     terms = update.loss(model, inputs, indices, progress, torch.ones(30), None)

@@ -12,10 +12,11 @@ from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameter
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config import parse_run_config
+from fedapp.fstc_math import aggregate_centres, initial_centres
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY
 from fedapp.metrics import encode_table
 from fedapp.torch_glue import FINGERPRINT_KEY
-from strategies.fstc import FSTCRSTCStrategy, FSTCStrategy, aggregate_centres, initial_centres
+from strategies.fstc import FSTCRSTCStrategy, FSTCStrategy
 from tests.flower_mocks import mock_manager, mock_proxy
 
 K, DIM = 3, 2

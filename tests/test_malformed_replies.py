@@ -369,5 +369,5 @@ def test_malformed_replies_never_change_the_honest_result(
     assert got is not None and len(got) == len(expected)
     for mine, theirs in zip(got, expected, strict=True):
         np.testing.assert_array_equal(mine, theirs)
-    record = strategy.participation[server_round]
+    record = strategy.record.participation[server_round]
     assert len(record["rejected"]) == len({proxy.cid for proxy, _ in bad} - {p.cid for p, _ in honest})

@@ -91,7 +91,7 @@ def test_a_failed_client_is_excluded_and_the_rest_go_on(tmp_path: Path) -> None:
     replies = [(mock_proxy("a"), _mass_reply(0)), (mock_proxy("b"), _mass_reply(1))]
     parameters, _ = strategy.aggregate_fit(1, replies, [TimeoutError("c: message expired")])
     assert parameters is not None  # aggregated over the clients that answered
-    assert strategy.excluded == {"c": 1} and strategy.participation[1]["failed"] == ["c"]
+    assert strategy.roster.excluded == {"c": 1} and strategy.record.participation[1]["failed"] == ["c"]
     asked = [client.cid for client, _ in strategy.configure_fit(2, parameters, manager)]
     assert asked == ["a", "b"]  # c is not asked again, so it cannot cost another round-timeout
 
@@ -118,7 +118,7 @@ def test_too_few_valid_replies_lose_the_round(tmp_path: Path) -> None:
     strategy.configure_fit(1, ndarrays_to_parameters([]), mock_manager(["a", "b"]))
     centres = np.array([[0.0, 0.0], [1.0, 1.0]])
     parameters, stats = strategy.aggregate_fit(1, [(mock_proxy("a"), _centres_reply(0, centres))], [])
-    assert parameters is None and stats["accepted"] == 1 and strategy.lost_rounds == [1]
+    assert parameters is None and stats["accepted"] == 1 and strategy.record.lost_rounds == [1]
     both = [(mock_proxy("a"), _centres_reply(0, centres)), (mock_proxy("b"), _centres_reply(1, centres + 9))]
     assert strategy.aggregate_fit(2, both, [])[0] is not None
 
@@ -127,13 +127,13 @@ def test_min_fit_fraction_counts_the_whole_federation(tmp_path: Path) -> None:
     cfg = parse_run_config({"out-dir": str(tmp_path), "k": 2, "min-fit-fraction": 0.75})
     strategy = KFedStrategy(cfg)
     strategy.configure_fit(1, ndarrays_to_parameters([]), mock_manager(["a", "b", "c", "d"]))
-    assert strategy.min_fit() == 3
+    assert strategy.roster.min_fit() == 3
 
 
 # ---------------------------------------------------------------------------------- bad inputs
 BAD_INPUTS = {
     "missing-data-dir": (["--dataset", "mnist", "--data-dir", "/nonexistent"], "missing mnist/train-images"),
-    "corrupt-mat": (["--dataset", "mat:{corrupt}"], "not a readable MATLAB .mat file"),
+    "corrupt-mat": (["--dataset", "mat:{corrupt}"], "not a MATLAB .mat file"),
     "ratio-not-numbers": (["--partition", "size-ratio", "--set", "ratio=abc"], "ratio 'abc'"),
     "ratio-vs-clients": (["--partition", "size-ratio", "--set", "ratio=6:4", "--clients", "3"], "2 parts"),
     "k-above-client-size": (["--set", "k=400", "--clients", "10"], "k=400 clusters but client"),
@@ -220,12 +220,12 @@ def test_each_round_configures_once(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """The server loop asks the strategy for each round's instructions exactly once (the ledger, the
     dropout draw and the participation record all count on it)."""
     calls: list[int] = []
-    original = FFCMStrategy._configure_fit
+    original = FFCMStrategy.configure_fit
 
-    def counting(self: FFCMStrategy, server_round: int, *args: Any) -> Any:
+    def counting(self: FFCMStrategy, server_round: int, *args: Any, **kwargs: Any) -> Any:
         calls.append(server_round)
-        return original(self, server_round, *args)
+        return original(self, server_round, *args, **kwargs)
 
-    monkeypatch.setattr(FFCMStrategy, "_configure_fit", counting)
+    monkeypatch.setattr(FFCMStrategy, "configure_fit", counting)
     _run(tmp_path, method="ffcm", dataset="digits", **{"num-clients": 3, "num-rounds": 4, "ffcm.delta": 0.0})
     assert calls == [1, 2, 3, 4]

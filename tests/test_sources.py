@@ -29,6 +29,7 @@ from fedapp.datasets import (
     source_path,
 )
 from fedapp.datasets.common import build
+from fedapp.methods import methods_for_kind
 
 TEXT_ROWS = [
     ("007", "the heart rate rose", "cardio"),
@@ -259,7 +260,7 @@ def test_dataset_checks_ids_and_unlabelled_invariants() -> None:
 def test_dataset_info_and_require_files(tmp_path: Path, fresh_cache: None) -> None:
     path = _write(tmp_path / "d.csv", "text\nhello\n")
     info = dataset_info(f"csv:{path}")
-    assert info.kind == "texts" and info.files == (str(path),) and info.methods
+    assert info.kind == "texts" and info.files == (str(path),) and methods_for_kind(info.kind)
     require_files(f"csv:{path}")
     _write(tmp_path / "bad.npz", b"PK\x03\x04 corrupt")
     with pytest.raises(DatasetError, match="bad.npz"):

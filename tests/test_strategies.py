@@ -21,13 +21,15 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-import strategies.base
+import strategies.roster
 from fedapp.config import RunConfig, parse_run_config
 from fedapp.ledger import mapping_nbytes, parameters_nbytes
 from fedapp.metrics import clustering_metrics, encode_table
-from strategies.base import MAX_EMPTY_ROUNDS, FederationError
+from strategies.base import MAX_EMPTY_ROUNDS
 from strategies.ffcm import FFCMStrategy
 from strategies.kfed import KFedStrategy
+from strategies.replies import ClientReply, consistent_replies
+from strategies.roster import FederationError
 from tests.flower_mocks import mock_manager, mock_proxy
 
 FitResult = tuple[ClientProxy, FitRes]
@@ -260,11 +262,9 @@ def test_a_reply_of_another_dimension_is_left_out_of_round_one(
 
 def test_the_majority_filter_does_not_depend_on_arrival_order() -> None:
     """Two shapes, two replies each: the smaller wins, whichever arrived first (CCFC once kept the first)."""
-    replies = [
-        strategies.base.ClientReply(str(i), i, [np.zeros((3, dim))], 3) for i, dim in enumerate((7, 5, 7, 5))
-    ]
+    replies = [ClientReply(str(i), i, [np.zeros((3, dim))], 3) for i, dim in enumerate((7, 5, 7, 5))]
     for order in (replies, replies[::-1]):
-        kept = strategies.base.consistent_replies(order, server_round=1)
+        kept = consistent_replies(order, server_round=1)
         assert sorted(reply.cid for reply in kept) == ["1", "3"]
 
 
@@ -421,7 +421,7 @@ def test_no_valid_table_returns_empty_metrics(tmp_path: Path) -> None:
     results = [(mock_proxy(f"c{i}"), _eval_res(metrics)) for i, metrics in enumerate(malformed)]
     assert strategy.aggregate_evaluate(1, results, []) == (None, {})
     assert strategy.aggregate_evaluate(1, [], [RuntimeError("lost")]) == (None, {})
-    assert strategy.history == [] and not (tmp_path / "summary.json").exists()
+    assert strategy.record.history == [] and not (tmp_path / "summary.json").exists()
 
 
 def test_a_wrong_shaped_table_from_the_first_client_is_the_one_skipped(tmp_path: Path) -> None:
@@ -465,7 +465,7 @@ def test_ledger_records_the_bytes_sent_and_received_per_client(tmp_path: Path) -
     ]
     strategy.aggregate_evaluate(2, received, [])
 
-    rounds = strategy.ledger.rounds
+    rounds = strategy.record.ledger.rounds
     assert set(rounds) == {2} and set(rounds[2]) == {"a", "b", "c"}
     for proxy, ins in sent:
         assert rounds[2][proxy.cid]["fit"]["down"] == parameters_nbytes(ins.parameters) + mapping_nbytes(
@@ -501,7 +501,7 @@ def test_ledger_counts_the_evaluation_config(tmp_path: Path) -> None:
     )
     for proxy, ins in evaluation:
         expected = parameters_nbytes(ins.parameters) + mapping_nbytes(ins.config)
-        assert strategy.ledger.rounds[1][proxy.cid]["evaluate"]["down"] == expected
+        assert strategy.record.ledger.rounds[1][proxy.cid]["evaluate"]["down"] == expected
 
 
 # ------------------------------------------------------------------------------------ waiting clients
@@ -509,7 +509,7 @@ def test_ledger_counts_the_evaluation_config(tmp_path: Path) -> None:
 def test_too_few_clients_is_a_federation_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phase: str
 ) -> None:
-    monkeypatch.setattr(strategies.base, "CLIENT_WAIT_S", 0.1)
+    monkeypatch.setattr(strategies.roster, "CLIENT_WAIT_S", 0.1)
     strategy = KFedStrategy(_cfg(tmp_path, num_clients=3))
     manager = mock_manager(["a", "b"])
     configure = strategy.configure_fit if phase == "fit" else strategy.configure_evaluate
@@ -561,7 +561,7 @@ def test_dropout_rate_skips_a_seeded_fraction_of_clients(tmp_path: Path, rate: f
     instructions = strategy.configure_fit(1, ndarrays_to_parameters([]), mock_manager(cids))
     asked = sorted(client.cid for client, _ in instructions)
     assert len(asked) == 10 - n_dropped  # at least one client always stays
-    assert strategy.participation[1]["dropped"] == sorted(set(cids) - set(asked))
+    assert strategy.record.participation[1]["dropped"] == sorted(set(cids) - set(asked))
     again = FFCMStrategy(_cfg(tmp_path, method="ffcm", **{"dropout-rate": rate, "num-clients": 10}))
     same = again.configure_fit(1, ndarrays_to_parameters([]), mock_manager(cids))
     assert sorted(client.cid for client, _ in same) == asked  # same seed and round, same draw
@@ -616,7 +616,7 @@ class _LateManager(SimpleClientManager):
 def test_waiting_for_clients_returns_as_soon_as_they_are_there() -> None:
     manager = _LateManager(["a", "b", "c"])
     started = time.perf_counter()
-    assert strategies.base.wait_for_clients(manager, 3, timeout=30.0)
+    assert strategies.roster.wait_for_clients(manager, 3, timeout=30.0)
     assert time.perf_counter() - started < 1.0  # Flower's wait_for slept until its 5 s poll
     assert manager.num_available() == 3
 
@@ -624,7 +624,7 @@ def test_waiting_for_clients_returns_as_soon_as_they_are_there() -> None:
 def test_waiting_for_clients_that_never_come_gives_up_at_the_timeout() -> None:
     manager = mock_manager(["a"])
     started = time.perf_counter()
-    assert not strategies.base.wait_for_clients(manager, 2, timeout=0.3)
+    assert not strategies.roster.wait_for_clients(manager, 2, timeout=0.3)
     assert 0.3 <= time.perf_counter() - started < 1.5
 
 
@@ -635,10 +635,10 @@ def test_the_wait_for_clients_is_booked_apart_from_the_round(
         time.sleep(0.2)
         return True
 
-    monkeypatch.setattr(strategies.base, "wait_for_clients", slow_wait)
+    monkeypatch.setattr(strategies.roster, "wait_for_clients", slow_wait)
     strategy = KFedStrategy(_cfg(tmp_path))
     manager = mock_manager(["a", "b", "c"])
     strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
-    record = strategy.timing[1]
+    record = strategy.record.timing[1]
     assert record["node_wait_s"] >= 0.2
     assert record["server_configure_s"] < 0.1  # the configure itself, without the wait

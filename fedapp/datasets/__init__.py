@@ -20,7 +20,6 @@ from fedapp.datasets.registry import (
     dataset_info,
     dataset_infos,
     load_dataset,
-    methods_for_kind,
     require_files,
     resolve_data_dir,
 )
@@ -53,7 +52,6 @@ __all__ = [
     "has_placeholder",
     "is_source_spec",
     "load_dataset",
-    "methods_for_kind",
     "read_source",
     "require_files",
     "resolve_data_dir",

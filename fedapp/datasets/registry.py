@@ -29,7 +29,6 @@ from fedapp.datasets.sources import (
     source_kind,
     source_path,
 )
-from fedapp.methods import METHODS
 
 FAMILIES = (embedded, multiview, images, texts, corpora, synthetic)
 DATA_DIR_ENV = "FEDAPP_DATA_DIR"
@@ -58,12 +57,6 @@ class DatasetInfo:
     kind: str
     description: str
     files: tuple[str, ...]  # relative to the data directory; empty: embedded, no files needed
-    methods: tuple[str, ...]  # methods whose `modalities` accept `kind`
-
-
-def methods_for_kind(kind: str) -> tuple[str, ...]:
-    """Registered methods that accept datasets of this kind (`MethodSpec.modalities`)."""
-    return tuple(name for name, spec in METHODS.items() if kind in spec.modalities)
 
 
 def dataset_info(name: str, *, columns: Columns | None = None) -> DatasetInfo:
@@ -77,15 +70,15 @@ def dataset_info(name: str, *, columns: Columns | None = None) -> DatasetInfo:
         partition_id = 0 if has_placeholder(name) else None
         kind = source_kind(name, columns or DEFAULT_COLUMNS, partition_id)
         files = (name.removeprefix(prefix),)
-        return DatasetInfo(name, kind, SOURCE_DESCRIPTIONS[prefix], files, methods_for_kind(kind))
+        return DatasetInfo(name, kind, SOURCE_DESCRIPTIONS[prefix], files)
     if name.startswith(MAT_PREFIX):
         path = name.removeprefix(MAT_PREFIX) or "<path>"
-        return DatasetInfo(name, "multiview", MAT_DESCRIPTION, (path,), methods_for_kind("multiview"))
+        return DatasetInfo(name, "multiview", MAT_DESCRIPTION, (path,))
     source = DATASETS.get(name)
     if source is None:
         raise _unknown_name_error(name)
     files = source.files if isinstance(source, OnDisk) else ()
-    return DatasetInfo(name, source.kind, source.description, files, methods_for_kind(source.kind))
+    return DatasetInfo(name, source.kind, source.description, files)
 
 
 def dataset_infos() -> tuple[DatasetInfo, ...]:
@@ -161,6 +154,8 @@ def _mat_path(name: str, data_dir: Path | None) -> Path:
         raise _missing_data_dir_error(name, [given])
     else:
         path = data_dir / relative
+    if path.is_dir():
+        raise DatasetError(f"{path}: is a directory, not a MATLAB .mat file")
     if not path.is_file():
         raise DatasetError(f"dataset {name!r}: missing {path.name} in directory {path.parent}")
     return path.resolve()

@@ -240,6 +240,11 @@ def method_spec(name: str) -> MethodSpec:
         raise UnknownMethodError(f"unknown method '{name}'; choose one of {sorted(METHODS)}") from None
 
 
+def methods_for_kind(kind: str) -> tuple[str, ...]:
+    """Registered methods that accept datasets of this kind (`MethodSpec.modalities`)."""
+    return tuple(name for name, spec in METHODS.items() if kind in spec.modalities)
+
+
 def config_tables() -> dict[str, type[ConfigSection]]:
     """Table name -> its keys' dataclass, one entry per table (variants share their parent's)."""
     tables: dict[str, type[ConfigSection]] = {}

@@ -1,5 +1,5 @@
 """CCFC (Liu, Yan & Zhang, cluster-contrastive federated clustering): the keys of
-`[tool.flwr.app.config.ccfc]` and what its client and strategy both need (phases, message keys, the model).
+`[tool.flwr.app.config.ccfc]` and what its client and strategy both need (phases, message keys).
 
 Round schedule (`server-round` r, P = `pretrain-rounds`):
 - r = 1, ``setup``: clients report their image shape (no arrays); the server builds the initial global
@@ -13,12 +13,8 @@ So `num-rounds` = 1 + P + (CCFC rounds): the paper's 100 + 30 is num-rounds = 13
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fedapp.config_keys import ConfigSection, config_key
-
-if TYPE_CHECKING:  # torch is imported only when a model is built: config parsing stays light
-    from fedapp.models.ccfc import CCFCNet
 
 BACKBONES = ("auto", "conv", "conv-small", "resnet18")
 
@@ -122,30 +118,3 @@ def phase_of(server_round: int, pretrain_rounds: int) -> str:
     if server_round <= 1:
         return SETUP
     return PRETRAIN if server_round <= pretrain_rounds + 1 else CLUSTER
-
-
-def build_model(params: CCFCConfig, image_shape: tuple[int, int, int]) -> CCFCNet:
-    """The network both sides build from the config and the clients' image shape (C, H, W)."""
-    from fedapp.models.ccfc import CCFCNet, default_backbone
-
-    channels, height, width = image_shape
-    if height != width:
-        raise ValueError(f"CCFC's backbones take square images, got {height} x {width}")
-    backbone = params.backbone if params.backbone != "auto" else default_backbone(channels, height)
-    return CCFCNet(
-        backbone,
-        channels,
-        height,
-        latent_dim=params.latent_dim,
-        projector_hidden=params.projector_hidden,
-        predictor_hidden=params.predictor_hidden,
-    )
-
-
-def initial_model(params: CCFCConfig, image_shape: tuple[int, int, int], seed: int) -> CCFCNet:
-    """The initial global model w^g (Alg. 1 line 1), drawn from `seed` without touching the global RNG."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build_model(params, image_shape)

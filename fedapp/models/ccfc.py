@@ -10,6 +10,9 @@ Backbones (Section 4.1; the authors' public MNIST code fixes the conv stack):
 
 Projector: Linear(d, hidden) + BN + ReLU -> Linear(hidden, latent) + BN(affine=False); predictor:
 Linear(latent, pred_hidden) + BN + ReLU -> Linear(pred_hidden, latent) (SimSiam's bottleneck).
+
+`build_model` / `initial_model`: the network client and server both build from `CCFCConfig` and the
+clients' image shape.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedapp.methods.ccfc import BACKBONES  # declared with the config keys (no torch there)
+from fedapp.methods.ccfc import BACKBONES, CCFCConfig  # declared with the config keys (no torch there)
 
 CONV_WIDTHS = {"conv": (64, 128, 256), "conv-small": (16, 32, 64)}
 
@@ -119,3 +122,26 @@ def default_backbone(channels: int, image_size: int) -> str:
     if channels == 3:
         return "resnet18"
     return "conv-small" if image_size < 16 else "conv"
+
+
+def build_model(params: CCFCConfig, image_shape: tuple[int, int, int]) -> CCFCNet:
+    """The network both sides build from the config and the clients' image shape (C, H, W)."""
+    channels, height, width = image_shape
+    if height != width:
+        raise ValueError(f"CCFC's backbones take square images, got {height} x {width}")
+    backbone = params.backbone if params.backbone != "auto" else default_backbone(channels, height)
+    return CCFCNet(
+        backbone,
+        channels,
+        height,
+        latent_dim=params.latent_dim,
+        projector_hidden=params.projector_hidden,
+        predictor_hidden=params.predictor_hidden,
+    )
+
+
+def initial_model(params: CCFCConfig, image_shape: tuple[int, int, int], seed: int) -> CCFCNet:
+    """The initial global model w^g (Alg. 1 line 1), drawn from `seed` without touching the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(params, image_shape)

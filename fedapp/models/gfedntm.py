@@ -1,6 +1,6 @@
 """Neural topic models for gFedNTM: ProdLDA (Srivastava & Sutton 2017) and CombinedTM (Bianchi et al. 2021).
 
-Written here rather than imported from `contextualized-topic-models` (see notes/method-gfedntm.md): that
+Written here rather than imported from `contextualized-topic-models` (see docs/methods/gfedntm.md): that
 package ships only the contextual inference networks (plain ProdLDA lives in a separate AVITM code base),
 places tensors with a hard-coded `.cuda()`, draws dropout and reparameterisation noise from the global
 RNG, and normalises each BatchNorm over the whole batch. Federated training equal to centralized

@@ -1,0 +1,111 @@
+"""The hooks a method overrides: what each client is sent, what a valid reply is, the server update, and
+how the model is evaluated. `ClusteringStrategy` calls them from Flower's Strategy flow.
+
+Every hook has a default except `reply_spec` and `aggregate`. In the order a round calls them:
+`fit_config` / `fit_instructions` -> `expected_arrays` (`reply_spec`) -> `check_reply` -> `consistent`
+-> `aggregate` -> `should_evaluate` -> `evaluation_instructions` (`evaluation_clients`) ->
+`evaluation_metrics` -> `headline_text`; `extra_summary` adds a method's fields to summary.json.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, Parameters, Scalar
+from flwr.server.client_proxy import ClientProxy
+
+from fedapp.checkpoint import RESUME_KEY
+from fedapp.config import RunConfig
+from fedapp.protocol import ArraySpec
+from strategies.replies import ClientReply, contingency_evaluation
+
+
+class StrategyHooks:
+    """The method interface of `ClusteringStrategy` (see the module docstring)."""
+
+    method = "base"
+    headline_metrics: tuple[str, ...] = ("acc", "nmi")  # shown in the one-line-per-round progress
+    cfg: RunConfig  # the attributes below are set by `ClusteringStrategy.__init__`
+    k: int | None
+    finished: bool
+    resumed_from: int | None
+
+    # ------------------------------------------------------------------------------------------- fit
+    def fit_config(self, server_round: int) -> dict[str, Scalar]:
+        """Config sent with every FitIns; subclasses add their phase keys."""
+        config: dict[str, Scalar] = {"server-round": server_round}
+        if self.k is not None:
+            config["k"] = self.k
+        if self.resumed_from is not None:  # clients reload the state they had after that round
+            config[RESUME_KEY] = self.resumed_from
+        return config
+
+    def fit_instructions(
+        self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Default: the same FitIns for every client (override for per-client content)."""
+        ins = FitIns(parameters, self.fit_config(server_round))
+        return [(client, ins) for client in clients]
+
+    def needs_every_client(self, server_round: int) -> bool:
+        """Rounds that cannot do without anyone (a vertical initialisation): no simulated dropout there."""
+        return False
+
+    def reply_spec(self, server_round: int) -> list[ArraySpec]:
+        """The arrays a valid fit reply of this round holds."""
+        raise NotImplementedError
+
+    def expected_arrays(self, server_round: int) -> list[ArraySpec]:
+        """What a valid reply of this round holds (the method's `reply_spec`, unless a shared phase such
+        as the vertical id alignment takes the round)."""
+        return self.reply_spec(server_round)
+
+    def check_reply(self, server_round: int, reply: ClientReply) -> None:
+        """Method-specific consistency checks beyond `reply_spec`; raise ReplyError to reject."""
+
+    def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
+        """Cross-reply consistency (e.g. one feature dimension); default: keep all. Dropped = rejected."""
+        return replies
+
+    def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
+        """The server update from the round's valid replies; the new global model (None: unchanged).
+        A ValueError skips the round and keeps the run."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------ evaluation
+    def should_evaluate(self, server_round: int) -> bool:
+        """Run-config `eval-every`, plus the last round and the round the method stops in."""
+        return (
+            self.finished
+            or server_round >= self.cfg.num_rounds
+            or server_round % self.cfg.evaluation_interval == 0
+        )
+
+    def evaluation_clients(self, clients: list[ClientProxy]) -> list[ClientProxy]:
+        """Who scores the model (default: every client, each on its own samples)."""
+        return clients
+
+    def evaluation_instructions(
+        self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """Default: the global model to each of `evaluation_clients`, scored on the client's own samples."""
+        ins = EvaluateIns(parameters, {"server-round": server_round})
+        return [(client, ins) for client in self.evaluation_clients(clients)]
+
+    def evaluation_metrics(
+        self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]
+    ) -> tuple[dict[str, float], dict[str, Any]] | None:
+        """(metrics, details for the history) from the evaluation replies, sorted by client id; None when
+        nothing usable came back. Default: the summed contingency tables (or cluster sizes)."""
+        return contingency_evaluation(server_round, results, self.k)
+
+    def headline_text(self, metrics: dict[str, float]) -> str:
+        """The headline metrics in the progress line (percentages; methods with other scales override)."""
+        if not any(key in metrics for key in self.headline_metrics):  # unlabelled: sizes only
+            used, largest = metrics.get("clusters_used", 0.0), metrics.get("largest_share", 0.0)
+            return f"clusters used {used:.0f} largest {100 * largest:.1f}%"
+        return " ".join(f"{key} {100 * metrics[key]:.2f}" for key in self.headline_metrics if key in metrics)
+
+    def extra_summary(self) -> dict[str, Any]:
+        """Method-specific fields for summary.json."""
+        return {}

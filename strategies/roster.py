@@ -1,0 +1,122 @@
+"""Who is asked each round: the connected clients, minus those that failed, minus a seeded dropout draw.
+
+`ClientRoster` is owned by `ClusteringStrategy` (`strategy.roster`). The first round waits (up to
+CLIENT_WAIT_S) for `num-clients` SuperNodes; later rounds go on with whoever is connected, so a dead
+SuperNode costs at most one round-timeout. A client that fails or times out is not asked again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from fedapp.config import RunConfig
+from strategies.records import RunRecord
+
+CLIENT_WAIT_S = 300
+NODE_POLL_S = (0.01, 0.5)  # first and longest pause between looks at the connected clients
+
+
+class FederationError(RuntimeError):
+    """The federation cannot proceed (e.g. too few clients connected)."""
+
+
+def wait_for_clients(client_manager: ClientManager, wanted: int, timeout: float) -> bool:
+    """Wait until `wanted` clients are connected; False after `timeout` seconds.
+
+    Flower's grid client manager registers SuperNodes only when it is asked (`num_available`, `all`,
+    `sample`) or every 5 s from a background thread, so `ClientManager.wait_for` slept 5 s at the start
+    of every `flwr run` even when all nodes were there from the start (Ray simulation). Asking directly,
+    with a pause that grows from 10 ms to 0.5 s, finds them as soon as they are there.
+    """
+    deadline = time.monotonic() + timeout
+    pause = NODE_POLL_S[0]
+    while client_manager.num_available() < wanted:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+        pause = min(2 * pause, NODE_POLL_S[1])
+    return True
+
+
+class ClientRoster:
+    """The federation's clients as the server sees them (see the module docstring)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.excluded: dict[str, int] = {}  # cid -> the round it failed or timed out in: not asked again
+        self.clients_seen = 0
+        self.waited = False
+
+    def usable(self, client_manager: ClientManager, record: RunRecord) -> list[ClientProxy]:
+        """The connected clients that have not failed, sorted by id (waiting for them the first time,
+        booked in `record` as start-up, not as the round's work)."""
+        if not self.waited:
+            wanted = self.cfg.num_clients or 1  # 0: every SuperNode connected when the round starts
+            started = time.perf_counter()
+            if not wait_for_clients(client_manager, wanted, CLIENT_WAIT_S):
+                raise FederationError(
+                    f"run-config num-clients={wanted} but only {client_manager.num_available()} client(s) "
+                    f"connected after {CLIENT_WAIT_S} s: start the simulation with num-supernodes={wanted} "
+                    f"or start {wanted} SuperNodes"
+                )
+            record.book_wait(time.perf_counter() - started)
+            self.waited = True
+        clients = sorted(client_manager.all().values(), key=lambda proxy: proxy.cid)
+        self.clients_seen = max(self.clients_seen, len(clients))
+        if self.cfg.num_clients and len(clients) > self.cfg.num_clients:
+            log(
+                WARNING,
+                "%d clients connected but num-clients=%d; using all",
+                len(clients),
+                self.cfg.num_clients,
+            )
+        return [client for client in clients if client.cid not in self.excluded]
+
+    def exclude(self, cids: list[str], server_round: int) -> None:
+        """Clients that failed or timed out in `server_round`: they are not asked again."""
+        for cid in cids:
+            self.excluded.setdefault(cid, server_round)
+            log(WARNING, "round %d: client %s failed or timed out; it is not asked again", server_round, cid)
+
+    def min_fit(self) -> int:
+        """Valid replies a fit round needs to count (run-config min-fit-clients / min-fit-fraction)."""
+        return max(self.cfg.min_fit_clients, math.ceil(self.cfg.min_fit_fraction * self.clients_seen))
+
+    def simulate_dropout(self, server_round: int, clients: list[ClientProxy]) -> list[ClientProxy]:
+        """Run-config `dropout-rate`: round(rate * n) clients, drawn from (seed, round), sit this round out.
+
+        They get no fit instruction, as if disconnected (the CCFC paper's Fig. 6); at least one client
+        always stays. The draw depends only on the seed, the round and the sorted client ids.
+        """
+        rate = self.cfg.dropout_rate
+        if rate <= 0 or len(clients) <= 1:
+            return clients
+        n_drop = min(round(rate * len(clients)), len(clients) - 1)
+        rng = np.random.default_rng([self.cfg.seed, server_round, 0xD20])  # its own stream
+        dropped = set(rng.choice(len(clients), size=n_drop, replace=False).tolist())
+        kept = [client for index, client in enumerate(clients) if index not in dropped]
+        log(
+            INFO,
+            "round %d: dropout-rate %.2f: %d of %d clients sit out",
+            server_round,
+            rate,
+            n_drop,
+            len(clients),
+        )
+        return kept
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        # `waited` is left out: a resumed run waits for its clients again
+        return {"excluded": dict(self.excluded), "clients_seen": self.clients_seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.excluded, self.clients_seen = dict(state["excluded"]), int(state["clients_seen"])
