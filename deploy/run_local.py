@@ -29,7 +29,7 @@ import tomli_w  # noqa: E402
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
 from fedapp.config import PROJECT_ROOT, parse_run_config  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
-from fedapp.results import exit_code  # noqa: E402
+from fedapp.results import exit_code, mark_summary, status_line  # noqa: E402
 from simulation.presets import apply_preset  # noqa: E402
 from simulation.processes import (  # noqa: E402
     RUN_TOKEN_ENV,
@@ -182,6 +182,10 @@ def deploy(
         log_path = Path(overrides["out-dir"]) / "flower.log"
         print(f"flwr run (full log: {log_path})", flush=True)
         code = run_filtered(command, env, log_path, quiet=False, cwd=PROJECT_ROOT, started=started)
+        if code != 0 and superlink.poll() is not None:  # it died on its own, mid-run
+            reason = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
+            mark_summary(Path(overrides["out-dir"]), "failed", reason)
+            print(f"error: {reason}", file=sys.stderr, flush=True)
         for index in range(num_clients, len(names)):
             refused = started[1 + index].poll()
             verdict = f"refused, exit code {refused}" if refused else "ACCEPTED"
@@ -269,13 +273,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 code = deploy(overrides, overrides["num-clients"], Path(tmp), security, node_data)
         except Interrupted as exc:
             print(f"{exc}: stopped every process this deployment started", file=sys.stderr)
+            if summary := mark_summary(args.out, "interrupted", str(exc)):
+                print(status_line(summary), file=sys.stderr)
             return exc.exit_code
         except ProcessError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     summary = args.out / "summary.json"
     if code != 0 or not summary.exists():
-        print(f"error: flwr run exit code {code}; summary.json present: {summary.exists()}", file=sys.stderr)
+        ended = json.loads(summary.read_text()) if summary.exists() else {"status": "failed"}
+        if not summary.exists():
+            ended["status_reason"] = f"flwr run exit code {code}; the run wrote no summary.json"
+        print(status_line(ended), file=sys.stderr)
         return 1
     result = json.loads(summary.read_text())
     status = result.get("status", "running")

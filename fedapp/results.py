@@ -22,6 +22,27 @@ PROGRESS_MARKER = "[fedapp]"  # log lines the runners show on the terminal (the 
 EXIT_CODES = {"completed": 0, "converged": 0, "failed": 1, "degraded": 3}
 
 
+def mark_summary(out_dir: Path, status: str, reason: str) -> dict[str, Any] | None:
+    """Set the status of a run that its entry point saw end (a signal, a lost SuperLink): the server
+    could not say why. Returns the summary, or None when the run wrote none."""
+    path = Path(out_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("status") in ("completed", "converged"):  # it finished before the end came
+        return summary
+    summary["status"] = status
+    summary["status_reason"] = f"{reason} (in round {summary.get('rounds', 0)})"
+    write_json(path, summary)
+    return summary
+
+
+def status_line(summary: Mapping[str, Any]) -> str:
+    """The console's last line: the status and reason, as summary.json has them."""
+    return f"status: {summary.get('status')} ({summary.get('status_reason', '')})"
+
+
 def exit_code(summary: Mapping[str, Any]) -> int:
     """0 only for a run that completed (or converged) with every client; see EXIT_CODES."""
     return EXIT_CODES.get(str(summary.get("status")), 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 from fedapp.config import DEVICES, ConfigError
 from fedapp.datasets import DatasetError, dataset_infos
 from fedapp.methods import METHODS
-from fedapp.results import exit_code, format_metrics_table
+from fedapp.results import exit_code, format_metrics_table, mark_summary, status_line
 from simulation.experiments import ExperimentError, check_experiment, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.presets import apply_preset
@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             return _command(args)
     except Interrupted as exc:
         print(f"{exc}: stopped every process this run started", file=sys.stderr)
+        if args.command == "run" and (summary := mark_summary(args.out, "interrupted", str(exc))):
+            print(status_line(summary), file=sys.stderr)
         return exc.exit_code
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -216,8 +218,7 @@ def _command(args: argparse.Namespace) -> int:
         print()
         print(format_metrics_table([summary]))
         print(f"\nwrote {args.out / 'summary.json'}")
-        if summary.get("status") not in (None, "completed", "converged"):
-            print(f"status: {summary['status']}: {summary.get('status_reason', '')}", file=sys.stderr)
+        print(status_line(summary), file=sys.stdout if exit_code(summary) == 0 else sys.stderr)
         return exit_code(summary)
     else:
         experiment = load_experiment(args.file)

@@ -38,6 +38,7 @@ from fedapp.datasets import (
 from fedapp.local_data import views_of
 from fedapp.methods import METHODS, method_spec
 from fedapp.preflight import check_run
+from fedapp.results import mark_summary
 from simulation.processes import (
     RUN_TOKEN_ENV,
     ProcessError,
@@ -402,6 +403,12 @@ def _run_flwr(
                 str(run_config),
             ]
             returncode = run_filtered(command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT, started=started)
+            if returncode != 0 and superlink.poll() is not None:  # it died on its own, mid-run
+                reason = (
+                    f"SuperLink connection lost (flower-superlink exited with code {superlink.returncode})"
+                )
+                mark_summary(log_path.parent, "failed", reason)
+                raise RunError(f"{reason}; see {log_path}")
         if returncode != 0:
             raise RunError(f"flwr run exited with code {returncode}; see {log_path}\n{_log_tail(log_path)}")
     finally:

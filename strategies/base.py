@@ -141,9 +141,20 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
             if self.k is None:
                 self.k = consensus_k(results)
             self.record.received(server_round, "fit", results)
-            valid = [self._validated(server_round, client, res) for client, res in results]
+            valid = [reply for reply in (self._validated(server_round, c, r) for c, r in results) if reply]
+            refused = self.roster.unique_partitions(server_round, [(r.cid, r.partition_id) for r in valid])
+            if refused:
+                self.record.failure_messages.extend(self.roster.duplicates[-len(refused) :])
             # arrival order is not deterministic
-            replies = sorted(filter(None, valid), key=lambda reply: (reply.partition_id, reply.cid))
+            replies = sorted(
+                (reply for reply in valid if reply.cid not in refused),
+                key=lambda reply: (reply.partition_id, reply.cid),
+            )
+            if refused and self.roster.awaiting:  # a partition is missing: wait for it, do not run without
+                self.record.outcome(server_round, [], sorted(replied), failed)
+                return self._lost_round(
+                    server_round, {"accepted": 0, "rejected": len(results), "failures": 0}
+                )
             consistent = self.consistent(server_round, replies) if replies else []
             accepted = {reply.cid for reply in consistent}
             self.record.outcome(server_round, sorted(accepted), sorted(replied - accepted), failed)
@@ -265,7 +276,10 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         self.roster.load_state_dict(state["roster"])
 
     def round_done(self, server_round: int) -> None:
-        """End of a round (fit and evaluation): checkpoint when `checkpoint-every` says so."""
+        """End of a round (fit and evaluation): summary.json says how far the run got (an entry point that
+        is stopped marks it), and a checkpoint when `checkpoint-every` says so."""
+        if self.status == "running":
+            self.write_outputs()
         every = self.cfg.checkpoint_every
         if every and server_round % every == 0 and not self.done:
             try:

@@ -54,6 +54,9 @@ class ClientRoster:
         self.excluded: dict[str, int] = {}  # cid -> the round it failed or timed out in: not asked again
         self.clients_seen = 0
         self.waited = False
+        self.owner: dict[int, str] = {}  # partition id -> the client that holds it (from valid replies)
+        self.duplicates: list[str] = []  # what each refused duplicate claimed, in words
+        self.awaiting: str = ""  # a duplicate left a partition missing: the next round waits for it
 
     def usable(self, client_manager: ClientManager, record: RunRecord) -> list[ClientProxy]:
         """The connected clients that have not failed, sorted by id (waiting for them the first time,
@@ -69,6 +72,8 @@ class ClientRoster:
                 )
             record.book_wait(time.perf_counter() - started)
             self.waited = True
+        if self.awaiting:
+            self._wait_for_missing(client_manager, record)
         clients = sorted(client_manager.all().values(), key=lambda proxy: proxy.cid)
         self.clients_seen = max(self.clients_seen, len(clients))
         if self.cfg.num_clients and len(clients) > self.cfg.num_clients:
@@ -79,6 +84,37 @@ class ClientRoster:
                 self.cfg.num_clients,
             )
         return [client for client in clients if client.cid not in self.excluded]
+
+    def unique_partitions(self, server_round: int, claims: list[tuple[str, int]]) -> set[str]:
+        """Check each (client, partition id) claim against the partition's holder; returns the clients
+        refused as duplicates (excluded from now on). A partition whose holder failed may be taken over
+        (a restarted node has a new id). With `num-clients` set, a refusal leaves a partition missing,
+        which the next round waits for instead of running without it."""
+        refused = set()
+        for cid, partition in sorted(claims):
+            holder = self.owner.get(partition)
+            if holder is None or holder == cid or holder in self.excluded:
+                self.owner[partition] = cid
+                continue
+            refused.add(cid)
+            self.excluded.setdefault(cid, server_round)
+            words = f"client {cid} claims partition-id {partition}, which client {holder} holds: refused"
+            self.duplicates.append(words)
+            log(WARNING, "round %d: %s", server_round, words)
+        if refused and self.cfg.num_clients:
+            missing = sorted(set(range(self.cfg.num_clients)) - set(self.owner))
+            self.awaiting = f"partition-id(s) {missing} never reported ({'; '.join(self.duplicates)})"
+        return refused
+
+    def _wait_for_missing(self, client_manager: ClientManager, record: RunRecord) -> None:
+        """After a refused duplicate: wait for num-clients usable clients again, or stop naming both."""
+        wanted = self.cfg.num_clients + len(self.excluded)
+        timeout = min(CLIENT_WAIT_S, self.cfg.round_timeout or CLIENT_WAIT_S)
+        started = time.perf_counter()
+        if not wait_for_clients(client_manager, wanted, timeout):
+            raise FederationError(f"{self.awaiting}; waited {timeout:.0f} s for another client")
+        record.book_wait(time.perf_counter() - started)
+        self.awaiting = ""
 
     def exclude(self, cids: list[str], server_round: int) -> None:
         """Clients that failed or timed out in `server_round`: they are not asked again."""
@@ -116,7 +152,13 @@ class ClientRoster:
     # ------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         # `waited` is left out: a resumed run waits for its clients again
-        return {"excluded": dict(self.excluded), "clients_seen": self.clients_seen}
+        return {
+            "excluded": dict(self.excluded),
+            "clients_seen": self.clients_seen,
+            "owner": dict(self.owner),
+            "duplicates": list(self.duplicates),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.excluded, self.clients_seen = dict(state["excluded"]), int(state["clients_seen"])
+        self.owner, self.duplicates = dict(state.get("owner", {})), list(state.get("duplicates", []))
