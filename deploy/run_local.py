@@ -124,6 +124,7 @@ def deploy(
     keys = make_node_keys(work_dir / "keys", names) if security.auth else {}
     started: list[subprocess.Popen] = []
     pids: dict[str, int] = {}
+    lost = ""  # the SuperLink died on its own: said once every process has stopped
     try:
         superlink = start_logged(
             [
@@ -183,9 +184,7 @@ def deploy(
         print(f"flwr run (full log: {log_path})", flush=True)
         code = run_filtered(command, env, log_path, quiet=False, cwd=PROJECT_ROOT, started=started)
         if code != 0 and superlink.poll() is not None:  # it died on its own, mid-run
-            reason = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
-            mark_summary(Path(overrides["out-dir"]), "failed", reason)
-            print(f"error: {reason}", file=sys.stderr, flush=True)
+            lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
         for index in range(num_clients, len(names)):
             refused = started[1 + index].poll()
             verdict = f"refused, exit code {refused}" if refused else "ACCEPTED"
@@ -203,6 +202,9 @@ def deploy(
         if leftovers:
             print(f"warning: processes {leftovers} of this deployment did not stop", file=sys.stderr)
         stop_watchdog(guard)
+        if lost:  # the ServerApp is gone now: nothing overwrites the cause any more
+            mark_summary(Path(overrides["out-dir"]), "failed", lost)
+            print(f"error: {lost}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -386,6 +386,7 @@ def _run_flwr(
     env = flower_env(flwr_home)
     guard = start_watchdog(env[RUN_TOKEN_ENV], [flwr_home])  # if this process is SIGKILLed
     started: list[subprocess.Popen] = []
+    lost = ""  # the SuperLink died on its own: said once every process of the run has stopped
     try:
         run_config = flwr_home / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(overrides)))
@@ -404,12 +405,8 @@ def _run_flwr(
             ]
             returncode = run_filtered(command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT, started=started)
             if returncode != 0 and superlink.poll() is not None:  # it died on its own, mid-run
-                reason = (
-                    f"SuperLink connection lost (flower-superlink exited with code {superlink.returncode})"
-                )
-                mark_summary(log_path.parent, "failed", reason)
-                raise RunError(f"{reason}; see {log_path}")
-        if returncode != 0:
+                lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
+        if returncode != 0 and not lost:
             raise RunError(f"flwr run exited with code {returncode}; see {log_path}\n{_log_tail(log_path)}")
     finally:
         leftovers = stop_run(env[RUN_TOKEN_ENV], started)  # Ray's workers too, found by the run token
@@ -417,3 +414,6 @@ def _run_flwr(
             print(f"warning: processes {leftovers} of this run did not stop", file=sys.stderr)
         shutil.rmtree(flwr_home, ignore_errors=True)
         stop_watchdog(guard)
+    if lost:  # the ServerApp is gone now: nothing overwrites the cause any more
+        mark_summary(log_path.parent, "failed", lost)
+        raise RunError(f"{lost}; see {log_path}")

@@ -53,6 +53,7 @@ MAX_EMPTY_ROUNDS = 3  # consecutive rounds without one valid reply end the run (
 class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
     """Base class: see the module docstring. Subclasses implement `reply_spec` and `aggregate`."""
 
+    refuse_duplicate_partitions = True  # a second client claiming a held partition-id is refused
     # what a checkpoint keeps besides the records and the roster; a subclass names only what it adds
     state_fields: tuple[str, ...] = (
         "k",
@@ -142,20 +143,19 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
                 self.k = consensus_k(results)
             self.record.received(server_round, "fit", results)
             valid = [reply for reply in (self._validated(server_round, c, r) for c, r in results) if reply]
-            refused = self.roster.unique_partitions(server_round, [(r.cid, r.partition_id) for r in valid])
-            if refused:
-                self.record.failure_messages.extend(self.roster.duplicates[-len(refused) :])
             # arrival order is not deterministic
-            replies = sorted(
-                (reply for reply in valid if reply.cid not in refused),
-                key=lambda reply: (reply.partition_id, reply.cid),
-            )
-            if refused and self.roster.awaiting:  # a partition is missing: wait for it, do not run without
-                self.record.outcome(server_round, [], sorted(replied), failed)
-                return self._lost_round(
-                    server_round, {"accepted": 0, "rejected": len(results), "failures": 0}
-                )
+            replies = sorted(valid, key=lambda reply: (reply.partition_id, reply.cid))
             consistent = self.consistent(server_round, replies) if replies else []
+            if self.refuse_duplicate_partitions:
+                claims = [(reply.cid, reply.partition_id) for reply in consistent]
+                refused = self.roster.unique_partitions(server_round, claims)
+                if refused:
+                    self.record.failure_messages.extend(self.roster.duplicates[-len(refused) :])
+                    consistent = [reply for reply in consistent if reply.cid not in refused]
+                if refused and self.roster.awaiting:  # a partition is missing: wait for it, not run without
+                    self.record.outcome(server_round, [], sorted(replied), failed)
+                    stats = {"accepted": 0, "rejected": len(results), "failures": len(failures)}
+                    return self._lost_round(server_round, stats)
             accepted = {reply.cid for reply in consistent}
             self.record.outcome(server_round, sorted(accepted), sorted(replied - accepted), failed)
             stats: dict[str, Scalar] = {
@@ -285,12 +285,7 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
             try:
                 save_strategy(checkpoint_dir(self.cfg, self.out_dir), server_round, self.state_dict())
             except (pickle.PicklingError, TypeError, AttributeError, OSError) as exc:
-                log(
-                    WARNING,
-                    "round %d: checkpoint failed (%s); checkpointing is off for this run",
-                    server_round,
-                    exc,
-                )
+                log(WARNING, "round %d: checkpoint failed (%s); checkpointing is off", server_round, exc)
                 self.cfg = replace(self.cfg, checkpoint_every=0)
 
     def restore(self) -> int:

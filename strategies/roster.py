@@ -86,23 +86,28 @@ class ClientRoster:
         return [client for client in clients if client.cid not in self.excluded]
 
     def unique_partitions(self, server_round: int, claims: list[tuple[str, int]]) -> set[str]:
-        """Check each (client, partition id) claim against the partition's holder; returns the clients
-        refused as duplicates (excluded from now on). A partition whose holder failed may be taken over
-        (a restarted node has a new id). With `num-clients` set, a refusal leaves a partition missing,
-        which the next round waits for instead of running without it."""
-        refused = set()
+        """Refuse all but one of the clients that claim the same partition id in one round (the client
+        that held it before, else the first by id); returns the refused, excluded from now on. Across
+        rounds a new client may take a partition over (a restarted node gets a new id). With
+        `num-clients` set, a refusal leaves a partition missing, which the next round waits for instead
+        of running without it."""
+        claimants: dict[int, list[str]] = {}
         for cid, partition in sorted(claims):
-            holder = self.owner.get(partition)
-            if holder is None or holder == cid or holder in self.excluded:
-                self.owner[partition] = cid
-                continue
-            refused.add(cid)
-            self.excluded.setdefault(cid, server_round)
-            words = f"client {cid} claims partition-id {partition}, which client {holder} holds: refused"
-            self.duplicates.append(words)
-            log(WARNING, "round %d: %s", server_round, words)
-        if refused and self.cfg.num_clients:
-            missing = sorted(set(range(self.cfg.num_clients)) - set(self.owner))
+            claimants.setdefault(partition, []).append(cid)
+        refused = set()
+        for partition, cids in claimants.items():
+            keeper = self.owner.get(partition) if self.owner.get(partition) in cids else cids[0]
+            self.owner[partition] = keeper
+            for cid in cids:
+                if cid == keeper:
+                    continue
+                refused.add(cid)
+                self.excluded.setdefault(cid, server_round)
+                words = f"client {cid} claims partition-id {partition}, which client {keeper} holds: refused"
+                self.duplicates.append(words)
+                log(WARNING, "round %d: %s", server_round, words)
+        missing = sorted(set(range(self.cfg.num_clients)) - set(self.owner))
+        if refused and missing:
             self.awaiting = f"partition-id(s) {missing} never reported ({'; '.join(self.duplicates)})"
         return refused
 

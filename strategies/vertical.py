@@ -39,6 +39,8 @@ def has_converged(previous_objective: float | None, objective: float, delta: flo
 class VerticalStrategy(ClusteringStrategy):
     """Subclasses implement `initialised`, `view_payload`, `reply_spec` and `aggregate_views`."""
 
+    refuse_duplicate_partitions = False  # two replies for one view: `aggregate` keeps the first and says so
+
     state_fields = (
         "aligned_ids",
         "alignment",
