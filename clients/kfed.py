@@ -6,9 +6,9 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from fedapp.clustering import kmeans, nearest_centre
+from fedapp.clustering import nearest_centre
 from fedapp.methods.kfed import KFedConfig
-from fedapp.privacy import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, merge_small_clusters
+from fedapp.privacy import CLIENT_MIN_CLUSTER, MERGED_KEY, floored_kmeans
 from fedapp.report import Assignment, nearest_with_distance
 
 
@@ -17,15 +17,7 @@ def local_centres(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Local k-means with k' = min(k_local, n // floor) centres, a cluster below the privacy `floor`
     merged into its nearest neighbour (`fedapp.privacy`); returns (centres, counts, clusters merged)."""
-    k_eff = capped_clusters(k_local, X.shape[0], floor)
-    centres, labels = kmeans(X, k_eff, seed, n_init=restarts)
-    labels, merged = merge_small_clusters(X, labels, floor)
-    if merged:  # the merged clusters' centres are the means of their rows; the others stay as k-means gave
-        kept = np.unique(labels)
-        centres = np.stack([np.asarray(X, dtype=np.float64)[labels == c].mean(0) for c in kept])
-        labels = np.searchsorted(kept, labels)
-    counts = np.bincount(labels, minlength=centres.shape[0]).astype(np.int64)
-    return centres, counts, merged
+    return floored_kmeans(X, k_local, seed, floor, n_init=restarts)
 
 
 class KFedClient(ClusteringClient):

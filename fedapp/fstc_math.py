@@ -20,7 +20,7 @@ import scipy.linalg
 import torch
 
 from fedapp.clustering import kmeans
-from fedapp.privacy import CLIENT_MIN_CLUSTER, capped_clusters, merge_small_clusters
+from fedapp.privacy import CLIENT_MIN_CLUSTER, floored_kmeans
 
 
 # ------------------------------------------------------------------------------------- schedule
@@ -281,14 +281,8 @@ def local_kmeans_summary(
 ) -> list[np.ndarray]:
     """The private initialisation's message: k' local k-means centres (float64) and their sizes (int64),
     k' <= n // floor and every cluster of at least `floor` records (the privacy floor, `fedapp.privacy`)."""
-    k_local = capped_clusters(k_local, representations.shape[0], floor)
-    centres, labels = kmeans(representations, k_local, seed)
-    labels, merged = merge_small_clusters(representations, labels, floor)
-    if merged:  # merged clusters: the means of their rows (the others as k-means gave them)
-        kept = np.unique(labels)
-        centres = np.stack([np.asarray(representations, np.float64)[labels == c].mean(0) for c in kept])
-        labels = np.searchsorted(kept, labels)
-    return [centres, np.bincount(labels, minlength=len(centres)).astype(np.int64)]
+    centres, counts, _ = floored_kmeans(representations, k_local, seed, floor)
+    return [centres, counts]
 
 
 def withhold_small_clusters(

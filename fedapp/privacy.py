@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fedapp.clustering import kmeans
+
 CLIENT_MIN_CLUSTER = 5  # a client never reports a statistic of fewer records, whatever the run config says
 MERGED_KEY = "floor-merged"  # reply metrics: clusters this client merged into a neighbour (below the floor)
 WITHHELD_KEY = "floor-withheld"  # reply metrics: clusters this client reported as empty (below the floor)
@@ -64,6 +66,21 @@ def merge_small_clusters(points: np.ndarray, labels: np.ndarray, floor: int) -> 
         distances[present == small] = np.inf
         labels[labels == small] = present[np.argmin(distances)]
         merged += 1
+
+
+def floored_kmeans(
+    points: np.ndarray, k_local: int, seed: int, floor: int, n_init: int = 10
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Local k-means whose every cluster holds >= floor records: k' = min(k_local, n // floor), clusters
+    below the floor merged into their nearest neighbour. Returns (centres, counts, clusters merged);
+    without a merge the centres are k-means' own, a merged cluster's centre is the mean of its rows."""
+    centres, labels = kmeans(points, capped_clusters(k_local, points.shape[0], floor), seed, n_init=n_init)
+    labels, merged = merge_small_clusters(points, labels, floor)
+    if merged:
+        kept = np.unique(labels)
+        centres = np.stack([np.asarray(points, dtype=np.float64)[labels == c].mean(0) for c in kept])
+        labels = np.searchsorted(kept, labels)
+    return centres, np.bincount(labels, minlength=len(centres)).astype(np.int64), merged
 
 
 def floored_sums(
