@@ -153,6 +153,7 @@ class LocalUpdate:
             max_iters=self.params.sinkhorn_iters,
             tol=self.params.sinkhorn_tol,
             init_log_v=labelling.dual,
+            marginal_strength=self.params.marginal_strength if self.params.marginal == "adaptive" else None,
         )
         labelling.dual = result.log_v
         labelling.targets = targets.float()

@@ -61,8 +61,14 @@ def sinkhorn_log_plan(
     max_iters: int = 1000,
     tol: float = 1e-6,
     init_log_v: torch.Tensor | None = None,
+    marginal_strength: float | None = None,
 ) -> SinkhornResult:
     """Entropic OT of Eq. 2 with cost M = -log P, a = 1_N, b = (N/K) 1_K, solved in the log domain.
+
+    `marginal_strength` τ (None: the paper's exact column marginal b) relaxes the column constraint to a
+    KL penalty τ·KL(Qᵀ1 ‖ b) (unbalanced OT, Chizat et al. 2018): the v-update becomes
+    v = (b ⊘ 𝒦ᵀu)^(τ/(τ+ε)), so the clusters' shares follow the data's instead of being forced equal
+    (small τ: the predictions' own shares; τ → ∞: Eq. 2). This is `fstc.marginal = adaptive`.
 
     Eq. 4-6 iterate u = a ⊘ 𝒦v, v = b ⊘ 𝒦ᵀu with 𝒦 = exp(-M/ε) = P^(1/ε); with ε = 0.1 that is P^10,
     which underflows for any confident prediction, so we iterate log u and log v with logsumexp instead.
@@ -86,6 +92,7 @@ def sinkhorn_log_plan(
         log_v = init_log_v.to(log_kernel.device, torch.float64)  # Alg. 1 line 4 allows any start
     error = math.inf
     iterations = 0
+    exponent = 1.0 if marginal_strength is None else marginal_strength / (marginal_strength + epsilon)
     while iterations < max_iters:
         row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)  # log (𝒦v)_i
         if iterations > 0:  # rows of the current plan sum to u_i (𝒦v)_i: check them for free
@@ -94,7 +101,7 @@ def sinkhorn_log_plan(
                 break
         iterations += 1
         log_u = log_a - row_terms  # Eq. 5
-        log_v = log_b - torch.logsumexp(log_kernel + log_u[:, None], dim=0)  # Eq. 6
+        log_v = exponent * (log_b - torch.logsumexp(log_kernel + log_u[:, None], dim=0))  # Eq. 6
     else:
         row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)
         error = float(((log_u + row_terms).exp() - 1.0).abs().max())
@@ -108,13 +115,21 @@ def pseudo_labels(
     max_iters: int = 1000,
     tol: float = 1e-6,
     init_log_v: torch.Tensor | None = None,
+    marginal_strength: float | None = None,
 ) -> tuple[torch.Tensor, SinkhornResult]:
     """Alg. 1: P = softmax(O), ξ from the OT of Eq. 2, then Q_ik = ξ_ik² / Σ_k' ξ_ik'² (Eq. 7).
 
     Squaring in the log domain is a row softmax of 2 log ξ, finite for any finite scores.
     """
     log_probs = torch.log_softmax(scores.double(), dim=1)
-    result = sinkhorn_log_plan(log_probs, epsilon, max_iters=max_iters, tol=tol, init_log_v=init_log_v)
+    result = sinkhorn_log_plan(
+        log_probs,
+        epsilon,
+        max_iters=max_iters,
+        tol=tol,
+        init_log_v=init_log_v,
+        marginal_strength=marginal_strength,
+    )
     return torch.softmax(2.0 * result.log_plan, dim=1).to(scores.dtype), result
 
 

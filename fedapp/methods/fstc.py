@@ -49,6 +49,15 @@ class FSTCConfig(ConfigSection):
         doc="weight of the alignment loss L_A in Eq. 18 (paper: 0.01 SO, 1 others)",
     )
     epsilon: float = config_key(0.1, gt=0.0, doc="entropic regularisation of the Sinkhorn OT (Eq. 2)")
+    marginal: str = config_key(
+        "uniform",
+        choices=("uniform", "adaptive"),
+        doc="pseudo-labels' cluster shares: uniform = Eq. 2's equal split (the paper's); adaptive = "
+        "unbalanced OT that follows the client's own shares (imbalanced or label-skewed data)",
+    )
+    marginal_strength: float = config_key(
+        0.01, gt=0.0, doc="adaptive marginal: KL weight tau pulling the shares toward equal (larger: closer)"
+    )
     local_iters: int = config_key(100, ge=1, doc="local iterations per round (Alg. 3)")
     batch_size: int = config_key(200, ge=1, doc="local mini-batch size N (the paper's 200)")
     lr_encoder: float = config_key(5e-6, gt=0.0, doc="Adam learning rate of the encoder Phi (fine-tune mode)")

@@ -1,0 +1,57 @@
+"""`fstc.marginal = adaptive`: unbalanced OT lets the pseudo-labels' cluster shares follow the data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedapp.config import ConfigError, parse_run_config
+from fedapp.fstc_math import pseudo_labels, sinkhorn_log_plan
+from fedapp.methods.fstc import FSTCConfig
+
+TRUE_SHARES = torch.tensor([0.6, 0.3, 0.1])
+
+
+def _skewed_scores(n: int = 3000, confidence: float = 3.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.multinomial(TRUE_SHARES, n, replacement=True, generator=generator)
+    scores = torch.randn(n, 3, generator=generator)
+    scores[torch.arange(n), labels] += confidence
+    return scores
+
+
+def test_adaptive_pseudo_labels_recover_skewed_shares_and_uniform_ones_do_not() -> None:
+    scores = _skewed_scores()
+    uniform, _ = pseudo_labels(scores, 0.1)
+    adaptive, _ = pseudo_labels(scores, 0.1, marginal_strength=0.01)
+    assert (adaptive.argmax(1).bincount(minlength=3) / len(scores) - TRUE_SHARES).abs().max() <= 0.05
+    assert (uniform.argmax(1).bincount(minlength=3) / len(scores) - TRUE_SHARES).abs().max() > 0.05
+
+
+def test_a_strong_marginal_is_the_papers_equal_split() -> None:
+    log_probs = torch.log_softmax(_skewed_scores(), dim=1)
+    exact = sinkhorn_log_plan(log_probs, 0.1, max_iters=3000)
+    strong = sinkhorn_log_plan(log_probs, 0.1, max_iters=3000, marginal_strength=1e6)
+    shares = strong.log_plan.exp().sum(0) / log_probs.shape[0]
+    assert torch.allclose(shares, torch.full((3,), 1 / 3, dtype=torch.float64), atol=1e-3)
+    assert torch.allclose(exact.log_plan.exp().sum(0), strong.log_plan.exp().sum(0), rtol=1e-3)
+    assert strong.marginal_error <= 1e-6  # every row still sums to one
+
+
+def test_the_marginal_keys_parse_and_uniform_stays_the_default() -> None:
+    cfg = parse_run_config({"method": "fstc", "dataset": "texts-demo", "fstc.marginal": "adaptive"})
+    assert cfg.params(FSTCConfig).marginal == "adaptive" and FSTCConfig().marginal == "uniform"
+    with pytest.raises(ConfigError, match="'fstc.marginal' must be one of 'uniform', 'adaptive'"):
+        parse_run_config({"method": "fstc", "dataset": "texts-demo", "fstc.marginal": "learned"})
+
+
+@pytest.mark.usefixtures("text_embedding_cache")
+def test_an_fstc_run_with_the_adaptive_marginal_clusters_the_demo_topics(tmp_path) -> None:  # noqa: ANN001
+    from simulation.runner import build_overrides, execute
+
+    quick = {"fstc.local-iters": 20, "fstc.batch-size": 50, "fstc.warmup-iters": 10, "fstc.label-updates": 4}
+    base = {"method": "fstc", "dataset": "texts-demo", "num-clients": 2, "num-rounds": 4, "seed": 0, **quick}
+    summary = execute(
+        build_overrides({**base, "fstc.marginal": "adaptive"}, tmp_path), "inprocess", quiet=True
+    )
+    assert summary["status"] == "converged" and summary["metrics"]["nmi"] >= 0.8
