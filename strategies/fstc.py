@@ -26,6 +26,7 @@ from fedapp.config import RunConfig
 from fedapp.fstc_math import aggregate_centres, initial_centres
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, PHASE_TRAIN, FSTCConfig
 from fedapp.models.fstc import fstc_model
+from fedapp.privacy import WITHHELD_KEY
 from fedapp.protocol import ArraySpec, ReplyError
 from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
@@ -97,9 +98,14 @@ class FSTCStrategy(ClusteringStrategy):
                     raise ReplyError(f"{centres.shape[0]} centres but counts of shape {counts.shape}")
             return
         counts = reply.arrays[1 if self.align else 0]
-        if (counts < 0).any() or int(counts.sum()) != reply.num_examples:
+        # clusters below the client's privacy floor come as empty (`floor-withheld`): sizes may sum to less
+        if (counts < 0).any() or int(counts.sum()) > reply.num_examples:
             raise ReplyError(
                 f"cluster sizes sum to {int(counts.sum())}, the client has {reply.num_examples} samples"
+            )
+        if int(counts.sum()) < reply.num_examples and not reply.metrics.get(WITHHELD_KEY):
+            raise ReplyError(
+                f"cluster sizes sum to {int(counts.sum())} of {reply.num_examples}, none withheld"
             )
         if server_round >= self.cfg.num_rounds and self.schema is not None:
             self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")

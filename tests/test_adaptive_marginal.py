@@ -55,3 +55,15 @@ def test_an_fstc_run_with_the_adaptive_marginal_clusters_the_demo_topics(tmp_pat
         build_overrides({**base, "fstc.marginal": "adaptive"}, tmp_path), "inprocess", quiet=True
     )
     assert summary["status"] == "converged" and summary["metrics"]["nmi"] >= 0.8
+
+
+@pytest.mark.usefixtures("text_embedding_cache")
+def test_fstc_replies_with_clusters_withheld_by_the_privacy_floor_are_accepted(tmp_path) -> None:  # noqa: ANN001
+    from simulation.runner import build_overrides, execute
+
+    quick = {"fstc.local-iters": 10, "fstc.batch-size": 50, "fstc.warmup-iters": 5, "fstc.label-updates": 2}
+    base = {"method": "fstc", "dataset": "texts-demo", "num-clients": 3, "num-rounds": 3, "seed": 0, **quick}
+    # 133 texts a client, 4 topics of about 33: a floor of 40 withholds every round's centres
+    summary = execute(build_overrides({**base, "min-cluster-size": 40}, tmp_path), "inprocess", quiet=True)
+    assert summary["status"] == "converged", summary["status_reason"]  # no reply rejected for its sizes
+    assert all(len(record["accepted"]) == 3 for record in summary["participation"].values())
