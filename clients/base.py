@@ -34,6 +34,7 @@ from fedapp.report import (
     DISTANCES_KEY,
     REPORT_KEY,
     ROWS_KEY,
+    SCORE_KIND_KEY,
     SIZES_KEY,
     STAGE_ASSIGN,
     STAGE_DISTANCES,
@@ -149,11 +150,11 @@ class ClusteringClient(NumPyClient):
         write_assignments(
             self.node_directory() / ASSIGNMENTS_FILE, self.data.ids, result.labels, result.scores
         )
+        sizes = np.bincount(result.labels, minlength=self.k).astype(np.int64)
         metrics: dict[str, Scalar] = {**self.identity_metrics(), **self.score(result.labels)}
-        metrics[SIZES_KEY] = encode_array(np.bincount(result.labels, minlength=self.k).astype(np.int64))
-        metrics[ROWS_KEY] = len(result.labels)
+        metrics.update({SIZES_KEY: encode_array(sizes), ROWS_KEY: len(result.labels)})
+        metrics[SCORE_KIND_KEY] = result.score_kind
         # the privacy floor: clusters below it on this client send no sums (their records sit out the metrics)
-        sizes = np.bincount(result.labels, minlength=self.k)
         shared = sizes[result.labels] >= self.floor
         metrics[WITHHELD_KEY] = int(((sizes > 0) & (sizes < self.floor)).sum())
         kept = {"labels": result.labels[shared].astype(np.int64)}

@@ -158,9 +158,7 @@ def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> L
     scaled by the client on its own rows per `cfg.scaling` ("none" keeps the dataset's arrays as they are)."""
     if is_source_spec(cfg.dataset):
         data = load_run_dataset(cfg)
-        parts = partition_indices(
-            data.y, num_partitions, cfg.partition, seed=cfg.seed, p=cfg.p, ratio=cfg.ratio, alpha=cfg.alpha
-        )
+        parts = _parts_of(data, num_partitions, cfg.partition, cfg.seed, cfg.p, cfg.ratio, cfg.alpha)
         return LocalData(data, parts[partition_id], cfg.scaling)
     return _local_partition(
         cfg.dataset,
@@ -195,6 +193,14 @@ def _local_partition(
     data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
     parts = _partition(dataset, data_dir, seed, max_samples, scheme, p, ratio, alpha, num_partitions)
     return LocalData(data, parts[partition_id], scaling)
+
+
+@lru_cache(maxsize=8)  # keyed by the loaded file (a cached Dataset): Flower rebuilds clients every round
+def _parts_of(
+    data: Dataset, num_partitions: int, scheme: str, seed: int, p: float, ratio: str, alpha: float
+) -> tuple[np.ndarray, ...]:
+    """Every client's indices into one own file, computed once per process and file."""
+    return tuple(partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha))
 
 
 @lru_cache(maxsize=8)

@@ -81,27 +81,3 @@ def floored_kmeans(
         centres = np.stack([np.asarray(points, dtype=np.float64)[labels == c].mean(0) for c in kept])
         labels = np.searchsorted(kept, labels)
     return centres, np.bincount(labels, minlength=len(centres)).astype(np.int64), merged
-
-
-def floored_sums(
-    points: np.ndarray, labels: np.ndarray, k: int, floor: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per-cluster (sums (k x d), counts (k)) with every cluster below `floor` withheld (zero sum and
-    count); returns them and how many clusters were withheld."""
-    points = np.asarray(points, dtype=np.float64)
-    counts = np.bincount(labels, minlength=k).astype(np.int64)
-    sums = np.zeros((k, points.shape[1]))
-    np.add.at(sums, labels, points)
-    withheld = (counts > 0) & (counts < floor)
-    sums[withheld], counts[withheld] = 0.0, 0
-    return sums, counts, int(withheld.sum())
-
-
-def floored_centres(
-    points: np.ndarray, labels: np.ndarray, k: int, floor: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per-cluster (centres (k x d), counts (k)): clusters below `floor` are withheld (zero centre and
-    count), so the server's count-weighted aggregation ignores them."""
-    sums, counts, withheld = floored_sums(points, labels, k, floor)
-    centres = sums / np.maximum(counts, 1)[:, None]
-    return centres, counts, withheld

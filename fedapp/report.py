@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedapp.clustering import nearest_centre
+from fedapp.node_outputs import SCORE_KINDS
 
 REPORT_KEY = "report"  # EvaluateIns config: which stage of the final report this message is
 STAGE_ASSIGN = "assign"
@@ -33,6 +34,7 @@ DISTANCES_KEY = "distance-sums"  # encoded DistanceSums
 TERMS_KEY = "term-counts"  # encoded per-cluster term document counts (text methods)
 TABLE_KEY = "table"  # contingency table (labelled clients only)
 ROWS_KEY = "assigned-rows"  # how many records this client assigned (and wrote)
+SCORE_KIND_KEY = "score-kind"  # what the score column of its assignments.csv means (node_outputs.SCORE_KINDS)
 DATA_ERROR_KEY = "data-error"  # a client that cannot read its data says why (one line)
 
 
@@ -52,6 +54,8 @@ class Assignment:
 
     def __post_init__(self) -> None:
         n = len(self.labels)
+        if self.score_kind not in SCORE_KINDS:
+            raise ValueError(f"score kind {self.score_kind!r} is none of {sorted(SCORE_KINDS)}")
         if self.scores.shape != (n,):
             raise ValueError(f"{n} labels but scores of shape {self.scores.shape}")
         if self.space is not None and (self.space.ndim != 2 or self.space.shape[0] != n):

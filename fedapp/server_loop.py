@@ -158,11 +158,10 @@ def run_report(
         instructions = strategy.configure_report(stage, client_manager)
         if not instructions:
             return
-        group = REPORT_GROUP
         if _on_grid(instructions):
-            results, failures = exchange(instructions, group, timeout)
+            results, failures = exchange(instructions, REPORT_GROUP, timeout)
         else:
-            results, failures = evaluate_clients(instructions, max_workers, timeout, group)  # type: ignore[arg-type]
+            results, failures = evaluate_clients(instructions, max_workers, timeout, REPORT_GROUP)  # type: ignore[arg-type]
         if not strategy.aggregate_report(stage, results, failures):  # type: ignore[arg-type]
             return
 

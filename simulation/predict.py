@@ -48,7 +48,6 @@ def predict(model_dir: Path, dataset: str, out: Path, overrides: Mapping[str, An
         "k": int(saved.info["k"]),
         **(overrides or {}),
     }
-    run_config.pop("checkpoint-every", None)
     cfg = parse_run_config(run_config)
     load_run_dataset(cfg)  # a bad file fails here, in one line, before any model is built
     check_out_dir(out.parent if str(out.parent) else Path("."))

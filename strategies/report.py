@@ -45,11 +45,13 @@ from fedapp.label_free import (
 )
 from fedapp.methods import method_spec
 from fedapp.model_store import MODEL_DIR, write_model
+from fedapp.node_outputs import SCORE_KINDS
 from fedapp.protocol import decode_array
 from fedapp.report import (
     DISTANCES_KEY,
     REPORT_KEY,
     ROWS_KEY,
+    SCORE_KIND_KEY,
     SIZES_KEY,
     STAGE_ASSIGN,
     STAGE_DISTANCES,
@@ -67,7 +69,8 @@ class ReportingStrategy:
 
     def _init_report(self) -> None:
         self.report: dict[str, Any] = {}  # what summary.json shows of the final report
-        self._report_sums: dict[int, ClusterSums] = {}
+        self._report_sums: dict[int, ClusterSums] = {}  # partition -> its pass-1 sums
+        self._report_clients: dict[int, ClientProxy] = {}  # partition -> who sent those sums
         self._report_terms: list[list[dict[str, int]]] = []
         self._report_cids: list[str] = []
         self._report_parameters: Parameters | None = None
@@ -122,14 +125,12 @@ class ReportingStrategy:
         config = {REPORT_KEY: STAGE_DISTANCES}
         instructions = []
         offsets = self._view_offsets()
-        for cid in self._report_cids_ok:
-            partition = self.partition_of_report[cid]
+        for partition, proxy in sorted(self._report_clients.items()):
             if self.vertical:
                 start, stop = offsets[partition]
                 arrays = [means[:, start:stop], counts]
             else:
                 arrays = [means, counts]
-            proxy = self._report_proxies[cid]
             instructions.append((proxy, EvaluateIns(ndarrays_to_parameters(arrays), config)))
         return instructions
 
@@ -172,10 +173,8 @@ class ReportingStrategy:
         k = self.k  # type: ignore[attr-defined]
         rows: dict[str, int] = {}
         sizes = np.zeros(k, dtype=np.int64)
-        self._report_sums, self._report_terms = {}, []
-        self._report_proxies: dict[str, ClientProxy] = {}
-        self.partition_of_report: dict[str, int] = {}
-        rejected = []
+        self._report_sums, self._report_clients, self._report_terms = {}, {}, []
+        rejected, score_kinds = [], set()
         vertical_sizes = None
         withheld = 0  # records in clusters below the privacy floor at their client: not in the metrics
         for client, res in sorted(results, key=lambda item: item[0].cid):
@@ -205,9 +204,8 @@ class ReportingStrategy:
                 rejected.append(client.cid)
                 log(WARNING, "final report: rejected client %s: %s", client.cid, exc)
                 continue
-            self.partition_of_report[client.cid] = partition
-            self._report_proxies[client.cid] = client
             rows[str(partition)] = int(client_sizes.sum())
+            score_kinds.add(str(metrics.get(SCORE_KIND_KEY, "none")))
             if self.vertical:
                 if vertical_sizes is not None and not np.array_equal(vertical_sizes, client_sizes):
                     log(WARNING, "final report: party %d labels other rows than the first party", partition)
@@ -215,7 +213,7 @@ class ReportingStrategy:
             else:
                 sizes += client_sizes
             if sums is not None:
-                self._report_sums[partition] = sums
+                self._report_sums[partition], self._report_clients[partition] = sums, client
             if terms is not None:
                 self._report_terms.append(terms)
         if rejected:
@@ -225,20 +223,24 @@ class ReportingStrategy:
             sizes = vertical_sizes
         self.report["cluster_sizes"] = sizes.tolist()
         self.report["withheld_records"] = withheld
+        if len(score_kinds) == 1:  # what the third column of every assignments.csv means
+            kind = score_kinds.pop()
+            self.report["score"] = {"kind": kind, "meaning": SCORE_KINDS.get(kind, "")}
         if self._report_terms:
             self.report["keywords"] = ctfidf_keywords(merge_term_counts(self._report_terms), KEYWORDS)
-        self._report_cids_ok = [
-            cid for cid in self.partition_of_report if self.partition_of_report[cid] in self._report_sums
-        ]
         if self.vertical and len(self._report_sums) != (self.n_views or len(self._report_sums)):  # type: ignore[attr-defined]
             log(WARNING, "final report: not every view reported; no label-free metrics")
-            self._report_sums = {}
+            self._report_sums, self._report_clients = {}, {}
         return bool(rows)
 
     def _take_distances(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
         parts: dict[int, DistanceSums] = {}
+        partition_of = {proxy.cid: partition for partition, proxy in self._report_clients.items()}
         for client, res in results:
-            partition = self.partition_of_report.get(client.cid)
+            partition = partition_of.get(client.cid)
+            if partition is None:
+                log(WARNING, "final report: distances from client %s, which was not asked", client.cid)
+                continue
             try:
                 parts[partition] = decode_distance_sums(res.metrics.get(DISTANCES_KEY))  # type: ignore[arg-type,index]
             except (LabelFreeError, ValueError) as exc:
@@ -286,6 +288,7 @@ class ReportingStrategy:
             "metrics": self.final_metrics or {},  # type: ignore[attr-defined]
             "cluster_sizes": self.report.get("cluster_sizes"),
             "keywords": self.report.get("keywords"),
+            "score": self.report.get("score"),
             "label_free": self.report.get("label_free"),
             **self.model_description(),
         }

@@ -74,6 +74,7 @@ def test_vector_sites_without_labels_get_assignments_metrics_and_a_model(tmp_pat
     assert "acc" not in summary["metrics"]  # no labels, no label metrics
     info = json.loads((out / "model" / "model.json").read_text())
     assert info["method"] == method and info["k"] == 3 and info["weights"] == "model.npz"
+    assert info["score"]["kind"] == {"kfed": "distance", "ffcm": "membership"}[method]
     # predict on site 0's file reproduces site 0's assignments exactly
     predicted = tmp_path / "predicted.csv"
     assert predict(out, f"csv:{tmp_path}/site-0.csv", predicted) == len(frames[0])

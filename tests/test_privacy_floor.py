@@ -14,7 +14,6 @@ from fedapp.fstc_math import aggregate_centres, local_kmeans_summary, withhold_s
 from fedapp.privacy import (
     CLIENT_MIN_CLUSTER,
     PrivacyFloorError,
-    floored_centres,
     min_cluster_size,
 )
 from strategies.ffcm import centres_from_sums
@@ -72,10 +71,3 @@ def test_ffcm_withholds_a_cluster_of_little_membership_and_the_server_keeps_its_
     np.testing.assert_array_equal(updated[1], centres[1])
     with pytest.raises(ValueError, match="zero membership mass"):
         centres_from_sums([sums], [mass])
-
-
-def test_floored_centres_withhold_small_clusters() -> None:
-    rows = _with_outliers(outliers=2)
-    labels = np.r_[[1, 1], np.zeros(58, dtype=np.int64)]
-    centres, counts, withheld = floored_centres(rows, labels, 2, floor=5)
-    assert withheld == 1 and counts.tolist() == [58, 0] and not centres[1].any()
