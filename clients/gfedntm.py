@@ -189,6 +189,7 @@ class GFedNTMClient(ClusteringClient):
             self.cfg.dataset,
             self.cfg.seed,
             self.cfg.max_samples,
+            self.cfg.imbalance,
             self.cfg.partition,
             self.partition_id,
             self.num_partitions,

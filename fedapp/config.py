@@ -52,6 +52,9 @@ class RunConfig(ConfigSection):
     alpha: float = config_key(0.5, gt=0.0, doc="Dirichlet label skew of partition dirichlet")
     k: int = config_key(0, ge=0, doc="clusters; 0 = number of classes")
     max_samples: int = config_key(0, ge=0, doc="> 0: a seeded class-stratified subsample (quick runs)")
+    imbalance: float = config_key(
+        0.0, ge=0.0, doc=">= 1: a seeded long-tailed subset, largest / smallest class = this (0 = off)"
+    )
     scaling: str = config_key(
         "none", choices=SCALINGS, doc="feature scaling each client applies to its own data"
     )

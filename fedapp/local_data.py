@@ -118,6 +118,7 @@ def load_run_dataset(cfg: RunConfig, partition_id: int | None = None) -> Dataset
             cfg.dataset,
             seed=cfg.seed,
             max_samples=cfg.max_samples,
+            imbalance=cfg.imbalance,
             columns=columns_of(cfg),
             partition_id=partition_id if has_placeholder(cfg.dataset) else None,
             expect_kind=expected_kind(cfg.method),
@@ -125,7 +126,11 @@ def load_run_dataset(cfg: RunConfig, partition_id: int | None = None) -> Dataset
         check_kind(data, cfg)
         return data
     return load_dataset(
-        cfg.dataset, resolve_data_dir(cfg.data_dir or None), seed=cfg.seed, max_samples=cfg.max_samples
+        cfg.dataset,
+        resolve_data_dir(cfg.data_dir or None),
+        seed=cfg.seed,
+        max_samples=cfg.max_samples,
+        imbalance=cfg.imbalance,
     )
 
 
@@ -165,6 +170,7 @@ def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> L
         cfg.data_dir,
         cfg.seed,
         cfg.max_samples,
+        cfg.imbalance,
         cfg.partition,
         cfg.p,
         cfg.ratio,
@@ -181,6 +187,7 @@ def _local_partition(
     data_dir: str,
     seed: int,
     max_samples: int,
+    imbalance: float,
     scheme: str,
     p: float,
     ratio: str,
@@ -190,8 +197,10 @@ def _local_partition(
     num_partitions: int,
 ) -> LocalData:
     # Cached: Flower rebuilds the client every round, and a Ray actor may host several virtual clients.
-    data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
-    parts = _partition(dataset, data_dir, seed, max_samples, scheme, p, ratio, alpha, num_partitions)
+    data = _load(dataset, data_dir, seed, max_samples, imbalance)
+    parts = _partition(
+        dataset, data_dir, seed, max_samples, imbalance, scheme, p, ratio, alpha, num_partitions
+    )
     return LocalData(data, parts[partition_id], scaling)
 
 
@@ -209,6 +218,7 @@ def _partition(
     data_dir: str,
     seed: int,
     max_samples: int,
+    imbalance: float,
     scheme: str,
     p: float,
     ratio: str,
@@ -216,7 +226,7 @@ def _partition(
     num_partitions: int,
 ) -> tuple[np.ndarray, ...]:
     """Every client's indices, computed once per process (each client takes its own part)."""
-    data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
+    data = _load(dataset, data_dir, seed, max_samples, imbalance)
     parts = partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha)
     return tuple(parts)
 
@@ -227,7 +237,14 @@ def local_view(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalD
     Labels come along only for evaluation by the label holder (partition 0); they never leave the client.
     """
     return _local_view(
-        cfg.dataset, cfg.data_dir, cfg.seed, cfg.max_samples, cfg.scaling, partition_id, num_partitions
+        cfg.dataset,
+        cfg.data_dir,
+        cfg.seed,
+        cfg.max_samples,
+        cfg.imbalance,
+        cfg.scaling,
+        partition_id,
+        num_partitions,
     )
 
 
@@ -237,13 +254,20 @@ def _local_view(
     data_dir: str,
     seed: int,
     max_samples: int,
+    imbalance: float,
     scaling: str,
     partition_id: int,
     num_partitions: int,
 ) -> LocalData:
-    data = load_dataset(dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples)
+    data = _load(dataset, data_dir, seed, max_samples, imbalance)
     vertical_view(views_of(data), partition_id, num_partitions)  # checks the view count
     return LocalData(data, np.arange(data.n_samples), scaling, view=partition_id)
+
+
+def _load(dataset: str, data_dir: str, seed: int, max_samples: int, imbalance: float) -> Dataset:
+    return load_dataset(
+        dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples, imbalance=imbalance
+    )
 
 
 def views_of(data: Dataset) -> tuple[np.ndarray, ...]:

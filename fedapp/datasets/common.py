@@ -267,8 +267,37 @@ def stratified_counts(class_sizes: np.ndarray, total: int) -> np.ndarray:
 def subsample(full: Dataset, max_samples: int, seed: int) -> Dataset:
     """A seeded, class-stratified subset of exactly `max_samples` rows, in the original row order."""
     class_sizes = np.bincount(full.y, minlength=full.n_classes)
+    return _take_per_class(full, stratified_counts(class_sizes, max_samples), seed)
+
+
+def long_tail_counts(class_sizes: np.ndarray, imbalance: float) -> np.ndarray:
+    """Per-class counts of a long-tailed version: class c keeps n_max * imbalance^(-c/(C-1)) rows.
+
+    The usual exponential ("Zipf-like") profile of long-tailed benchmarks (CIFAR-LT): class 0 is the
+    head, the last class the tail, largest/smallest = `imbalance`. n_max is the largest count every class
+    can give (each class must hold n_max * its share), so the profile is exact up to rounding.
+    """
+    n_classes = len(class_sizes)
+    shares = imbalance ** (-np.arange(n_classes) / max(n_classes - 1, 1))
+    head = int(np.floor(np.min(class_sizes / shares)))
+    return np.maximum(np.round(head * shares).astype(np.int64), 1)
+
+
+def long_tail(full: Dataset, imbalance: float, seed: int) -> Dataset:
+    """A seeded long-tailed subset (see `long_tail_counts`); labelled data only."""
+    if not full.labelled:
+        raise DatasetError(f"dataset {full.name!r}: imbalance needs class labels, this data has none")
+    if imbalance < 1:
+        raise DatasetError(f"imbalance must be >= 1 (largest/smallest class), got {imbalance:g}")
+    class_sizes = np.bincount(full.y, minlength=full.n_classes)
+    if class_sizes.min() == 0:
+        raise DatasetError(f"dataset {full.name!r}: imbalance needs every class present")
+    return _take_per_class(full, long_tail_counts(class_sizes, imbalance), seed)
+
+
+def _take_per_class(full: Dataset, counts: np.ndarray, seed: int) -> Dataset:
+    """`counts[c]` seeded rows of every class c, in the original row order."""
     rng = np.random.default_rng(seed)
-    counts = stratified_counts(class_sizes, max_samples)
     chosen = np.sort(
         np.concatenate(
             [rng.choice(np.flatnonzero(full.y == c), size=k, replace=False) for c, k in enumerate(counts)]

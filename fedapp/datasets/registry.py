@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from fedapp.datasets import corpora, embedded, images, multiview, synthetic, texts
-from fedapp.datasets.common import Dataset, DatasetError, Embedded, OnDisk, Source, subsample
+from fedapp.datasets.common import Dataset, DatasetError, Embedded, OnDisk, Source, long_tail, subsample
 from fedapp.datasets.multiview import MAT_DESCRIPTION, MAT_PREFIX
 from fedapp.datasets.sources import (
     DEFAULT_COLUMNS,
@@ -207,6 +207,7 @@ def load_dataset(
     *,
     seed: int = 0,
     max_samples: int = 0,
+    imbalance: float = 0.0,
     columns: Columns | None = None,
     partition_id: int | None = None,
     expect_kind: str | None = None,
@@ -218,7 +219,26 @@ def load_dataset(
     number of classes; unlabelled data: a plain seeded subset), for quick runs. A source spec's path is
     absolute or relative to the current directory (not `data_dir`); `columns` and `partition_id` apply
     to source specs only, as `expect_kind` (a table must give that kind; see `sources.read_source`).
+    `imbalance` > 0 first cuts a seeded long-tailed subset (largest/smallest class = `imbalance`, see
+    `common.long_tail`), for evaluating methods on imbalanced clusters; `max_samples` then applies to it.
     """
+    if imbalance:
+        return _subsampled(
+            _long_tailed(
+                load_dataset(
+                    name,
+                    data_dir,
+                    seed=seed,
+                    columns=columns,
+                    partition_id=partition_id,
+                    expect_kind=expect_kind,
+                ),
+                imbalance,
+                seed,
+            ),
+            max_samples,
+            seed,
+        )
     if max_samples < 0:
         raise DatasetError(f"max_samples must be >= 0 (0 keeps every sample), got {max_samples}")
     if is_source_spec(name):
@@ -238,6 +258,16 @@ def load_dataset(
     if _keeps_all(full, max_samples):
         return full
     return _load_cached(name, resolved_dir, data_seed, max_samples, seed)
+
+
+@lru_cache(maxsize=16)  # keyed by the cached full dataset (identity), so clients share one subset
+def _long_tailed(full: Dataset, imbalance: float, seed: int) -> Dataset:
+    return long_tail(full, imbalance, seed)
+
+
+@lru_cache(maxsize=16)
+def _subsampled(full: Dataset, max_samples: int, seed: int) -> Dataset:
+    return full if _keeps_all(full, max_samples) else subsample(full, max_samples, seed)
 
 
 def _keeps_all(full: Dataset, max_samples: int) -> bool:
