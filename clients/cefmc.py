@@ -50,14 +50,29 @@ def _leading_left_singular_vectors(X: np.ndarray, k: int) -> np.ndarray:
     return _flip_signs(U[:, singular_values > tolerance])
 
 
-def init_embedding(X_v: np.ndarray, k: int, seed: int | np.random.Generator | None = 0) -> np.ndarray:
+PADDINGS = ("zero", "random")
+
+
+def init_embedding(
+    X_v: np.ndarray, k: int, seed: int | np.random.Generator | None = 0, *, pad: str = "zero"
+) -> np.ndarray:
     """H_v^(0): the top-k left singular vectors of X_v (Eq. 20), the maximiser of Eq. 13.
 
-    When X_v has rank r < k (e.g. HW's 6-d morphological view with k = 10) there are only r singular
-    vectors; the remaining k - r columns are a seeded Gaussian block projected off them and
-    orthonormalised (twice, so orthogonality holds to machine precision), keeping H_vᵀ H_v = I_k (Eq. 12).
-    `seed` only matters in that case.
+    When X_v has rank r < k (HW's 6-d view at k = 10, a 64-d view at k = 100) there are only r singular
+    vectors, and the paper does not say what fills the other k - r columns:
+
+    - ``pad="zero"`` leaves them zero, so they add nothing to the k-means of Eq. 21 and stay zero in every
+      later step (see `update_embedding`); a view then weighs in with its rank. With k = 100 and three
+      64-d views, random padding made 36 of each view's 100 columns noise, and CeFMC fell 20-30 ACC below
+      k-means on the concatenated views (docs/methods/cefmc.md, "More clusters than a view has
+      dimensions").
+    - ``pad="random"`` (the earlier behaviour) completes H_v to N x k orthonormal columns with a seeded
+      Gaussian block projected off the first r and orthonormalised twice, so H_vᵀ H_v = I_k (Eq. 12).
+
+    `seed` only matters for ``pad="random"`` with r < k.
     """
+    if pad not in PADDINGS:
+        raise ValueError(f"pad must be one of {PADDINGS}, got {pad!r}")
     X = np.asarray(X_v, dtype=np.float64)
     if X.ndim != 2:
         raise ValueError(f"X_v must be a 2-d array (samples x features), got shape {X.shape}")
@@ -67,11 +82,18 @@ def init_embedding(X_v: np.ndarray, k: int, seed: int | np.random.Generator | No
     H = _leading_left_singular_vectors(X, k)
     if H.shape[1] == k:
         return H
+    if pad == "zero":
+        return np.hstack([H, np.zeros((n_samples, k - H.shape[1]))])
     block = np.random.default_rng(seed).standard_normal((n_samples, k - H.shape[1]))
     for _ in range(2):  # "twice is enough": a second projection removes the round-off of the first
         block -= H @ (H.T @ block)
         block, _ = np.linalg.qr(block)
     return np.hstack([H, block])
+
+
+def active_columns(H_v: np.ndarray) -> np.ndarray:
+    """Which columns of H_v carry a singular direction (the rest are `pad="zero"` padding)."""
+    return np.any(np.asarray(H_v) != 0.0, axis=0)
 
 
 def update_embedding(
@@ -91,8 +113,10 @@ def update_embedding(
     lowers it: `mm_factor=2.0` is that minorize-maximize step. `mm_factor=1.0` is the paper's literal
     Alg. 1 line 3, which is the same step for 2λ instead of λ and can lower the Eq. 19 objective.
     X_v X_vᵀ H_v is computed as X_v (X_vᵀ H_v) and Y_v C_v as the row gather C_v[y_v] (Sec. IV-D).
-    The result satisfies H_vᵀ H_v = I_k to machine precision. CeFMC-H reuses this step with
-    (y_v, C_v, λ) replaced by (y, C̄_v, β), because its Y-term is β Tr(H_vᵀ Y C̄_v).
+    The result satisfies H_vᵀ H_v = I_k to machine precision; with zero padding the step runs on the
+    columns that carry a singular direction only and zero columns stay zero (H_vᵀ H_v = I_r ⊕ 0).
+    CeFMC-H reuses this step with (y_v, C_v, λ) replaced by (y, C̄_v, β), because its Y-term is
+    β Tr(H_vᵀ Y C̄_v).
     """
     if n_iter < 1:
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
@@ -101,8 +125,17 @@ def update_embedding(
     X = np.asarray(X_v, dtype=np.float64)
     anchor = lam * np.asarray(C_v, dtype=np.float64)[np.asarray(y_v)]  # λ Y_v C_v
     H = np.asarray(H_v, dtype=np.float64)
+    active = active_columns(H)
+    if active.all():
+        for _ in range(n_iter):
+            H = _polar_factor(mm_factor * (X @ (X.T @ H)) + anchor)  # Alg. 1, line 3; never X Xᵀ
+        return H
+    # Zero padding (`init_embedding(pad="zero")`): H_v lives on its r real columns, the rest stay zero.
+    H_active, anchor = H[:, active], anchor[:, active]
     for _ in range(n_iter):
-        H = _polar_factor(mm_factor * (X @ (X.T @ H)) + anchor)  # Alg. 1, line 3; never X Xᵀ
+        H_active = _polar_factor(mm_factor * (X @ (X.T @ H_active)) + anchor)
+    H = np.zeros_like(H)
+    H[:, active] = H_active
     return H
 
 
@@ -192,7 +225,8 @@ class CeFMCClient(VerticalClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         X = self.data.features
         if config["phase"] == "init":
-            H = init_embedding(X, self.k, np.random.default_rng([self.cfg.seed, self.partition_id]))
+            rng = np.random.default_rng([self.cfg.seed, self.partition_id])
+            H = init_embedding(X, self.k, rng, pad=str(config.get("pad", "zero")))
             self.keep_state("cefmc", {"H": H})
             return [H], self.data.n_samples, self.identity_metrics()
         y = np.asarray(parameters[0]).astype(np.int64)

@@ -43,10 +43,24 @@ def _check_labels(labels: np.ndarray, n_samples: int, k: int, name: str) -> np.n
     return labels.astype(np.int64)  # wire labels are uint8: index arithmetic such as y_v * k must not wrap
 
 
-def _orthonormal_rows_maximising_trace(P: np.ndarray) -> np.ndarray:
-    """C = W Uᵀ with U Σ Wᵀ = P: the maximiser of Tr(C P) s.t. C Cᵀ = I (Eq. 34, Theorem 1 of [43])."""
-    U, _, Wt = np.linalg.svd(P, full_matrices=False)
-    return Wt.T @ U.T
+def _orthonormal_rows_maximising_trace(P: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
+    """C = W Uᵀ with U Σ Wᵀ = P: the maximiser of Tr(C P) s.t. C Cᵀ = I (Eq. 34, Theorem 1 of [43]).
+
+    `active` marks the rows of P (columns of C) that belong to real columns of some H_v; the others are
+    zero padding (`clients.cefmc.init_embedding(pad="zero")`), and C keeps them zero so no centroid mass
+    goes to directions no client has. With fewer active columns than k, C has orthonormal columns instead.
+    """
+    if active is None or active.all():
+        U, _, Wt = np.linalg.svd(P, full_matrices=False)
+        return Wt.T @ U.T
+    C = np.zeros((P.shape[1], P.shape[0]))
+    C[:, active] = _orthonormal_rows_maximising_trace(P[active])
+    return C
+
+
+def _nonzero_columns(blocks: Sequence[np.ndarray]) -> np.ndarray:
+    """Columns of [B_1, ..., B_V] that are not all zero: the real (not zero-padded) representation columns."""
+    return np.concatenate([np.any(np.asarray(block) != 0.0, axis=0) for block in blocks])
 
 
 def _cluster_sums(values: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
@@ -75,9 +89,16 @@ def kmeans_on_representations(
 
 
 def orthogonalise_centroids(C_hat: np.ndarray) -> np.ndarray:
-    """C^(0) = U^(0) V^(0)ᵀ from the SVD of Ĉ^(0) (Eq. 22): the nearest matrix with C Cᵀ = I_k."""
-    U, _, Vt = np.linalg.svd(np.asarray(C_hat, dtype=np.float64), full_matrices=False)
-    return U @ Vt
+    """C^(0) = U^(0) V^(0)ᵀ from the SVD of Ĉ^(0) (Eq. 22): the nearest matrix with C Cᵀ = I_k.
+
+    Columns of Ĉ that are zero (zero-padded columns of every H_v^(0)) stay zero, as in Eq. 34.
+    """
+    C_hat = np.asarray(C_hat, dtype=np.float64)
+    active = _nonzero_columns([C_hat])
+    U, _, Vt = np.linalg.svd(C_hat[:, active], full_matrices=False)
+    C = np.zeros_like(C_hat)
+    C[:, active] = U @ Vt
+    return C
 
 
 def split_centroids(C: np.ndarray, n_views: int) -> list[np.ndarray]:
@@ -138,7 +159,7 @@ def update_consensus_centroids(
             for y_v, C_v in zip(y_views, C_views, strict=True)
         ]
     )
-    return _orthonormal_rows_maximising_trace(P)
+    return _orthonormal_rows_maximising_trace(P, _nonzero_columns(C_views))
 
 
 def label_integration(
@@ -201,7 +222,8 @@ def update_consensus_centroids_full(H_views: Sequence[np.ndarray], y: np.ndarray
     """CeFMC-H C-subproblem: Eq. 33-34 with P = H_cᵀ Y = [Yᵀ H_1, ..., Yᵀ H_V]ᵀ (cluster sums of H_v)."""
     k = H_views[0].shape[1]
     y = _check_labels(y, H_views[0].shape[0], k, "y")
-    return _orthonormal_rows_maximising_trace(np.vstack([_cluster_sums(H_v, y, k).T for H_v in H_views]))
+    P = np.vstack([_cluster_sums(H_v, y, k).T for H_v in H_views])
+    return _orthonormal_rows_maximising_trace(P, _nonzero_columns(H_views))
 
 
 def consensus_objective_full(
@@ -256,6 +278,7 @@ class CeFMCStrategy(VerticalStrategy):
             "beta": self.params.effective_beta,
             "mm-factor": self.params.mm_factor,
             "h-iters": self.params.h_iters,
+            "pad": self.params.pad,
         }
 
     def stop_delta(self) -> float:

@@ -79,13 +79,13 @@ def test_init_embedding_is_the_top_left_singular_subspace():
 def test_init_embedding_completes_a_view_with_fewer_features_than_k():
     views, _ = _multiview()
     X = views[2]  # 3 features, k = 6
-    H = client.init_embedding(X, 6, seed=1)
+    H = client.init_embedding(X, 6, seed=1, pad="random")
     _assert_orthonormal(H)
     U = np.linalg.svd(X, full_matrices=False)[0]
     np.testing.assert_allclose(H[:, :3] @ H[:, :3].T, U @ U.T, atol=1e-10)  # data columns first
     np.testing.assert_allclose(U.T @ H[:, 3:], 0.0, atol=ORTHONORMAL_TOL)  # completion is off the data
-    np.testing.assert_array_equal(H, client.init_embedding(X, 6, seed=1))  # seeded
-    assert not np.allclose(H[:, 3:], client.init_embedding(X, 6, seed=2)[:, 3:])
+    np.testing.assert_array_equal(H, client.init_embedding(X, 6, seed=1, pad="random"))  # seeded
+    assert not np.allclose(H[:, 3:], client.init_embedding(X, 6, seed=2, pad="random")[:, 3:])
 
 
 def test_update_embedding_is_orthonormal_and_ascends_eq25():
@@ -195,12 +195,13 @@ def test_stop_rule_is_the_relative_objective_change():
 # --------------------------------------------------------------------------- whole runs
 
 
+@pytest.mark.parametrize("pad", client.PADDINGS)
 @pytest.mark.parametrize(("lam", "beta"), [(1.0, 1.0), (1.0, 2.0**-5), (2.0**5, 2.0**-5)])
-def test_rounds_never_lower_the_objective_and_keep_h_orthonormal(lam, beta):
-    """Alg. 2 written out round by round, checking H_vᵀ H_v = I after every update."""
+def test_rounds_never_lower_the_objective_and_keep_h_orthonormal(lam, beta, pad):
+    """Alg. 2 written out round by round, checking H_vᵀ H_v = I (on the real columns) after every update."""
     views, _ = _multiview()
-    k = 4
-    H_views = [client.init_embedding(X, k, seed=v) for v, X in enumerate(views)]
+    k = 4  # the 3-d view is padded
+    H_views = [client.init_embedding(X, k, seed=v, pad=pad) for v, X in enumerate(views)]
     y, C = server.initialise_consensus(H_views, k, seed=0)
     C_views = server.split_centroids(C, len(views))
     initial, y_views, objectives = y, [y] * len(views), []
@@ -211,7 +212,9 @@ def test_rounds_never_lower_the_objective_and_keep_h_orthonormal(lam, beta):
             H_views[v], y_views[v], obj_v = client.client_round(
                 X, H_views[v], y_views[v], C_views[v], y, C_bars[v], lam=lam, beta=beta
             )
-            _assert_orthonormal(H_views[v])
+            real = client.active_columns(H_views[v])
+            assert real.sum() == (min(k, X.shape[1]) if pad == "zero" else k)
+            _assert_orthonormal(H_views[v][:, real])
             view_objectives.append(obj_v)
         y, C, objective = server.server_round(y_views, view_objectives, C_views, C, beta=beta)
         np.testing.assert_allclose(C @ C.T, np.eye(k), atol=ORTHONORMAL_TOL)

@@ -188,7 +188,13 @@ def _assert_orthonormal(H: np.ndarray) -> None:
 
 # ------------------------------------------------------------------------------------ CeFMC: round 1
 def test_round_one_sends_the_same_empty_init_instruction_to_every_client(tmp_path: Path) -> None:
-    keys = {"cefmc.lambda": 0.5, "cefmc.beta": 2.0, "cefmc.mm-factor": 1.5, "cefmc.h-iters": 3}
+    keys = {
+        "cefmc.lambda": 0.5,
+        "cefmc.beta": 2.0,
+        "cefmc.mm-factor": 1.5,
+        "cefmc.h-iters": 3,
+        "cefmc.pad": "random",
+    }
     strategy = CeFMCStrategy(_cfg(tmp_path, **keys))
     manager = _manager(["n2", "n0", "n1"])
     instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
@@ -201,6 +207,7 @@ def test_round_one_sends_the_same_empty_init_instruction_to_every_client(tmp_pat
         "beta": 2.0,
         "mm-factor": 1.5,
         "h-iters": 3,
+        "pad": "random",
     }
     for _, ins in instructions:
         assert ins.parameters.tensors == []
@@ -816,7 +823,10 @@ def test_clients_keep_orthonormal_representations_in_their_state(tmp_path: Path,
         assert parameters is not None and stats["accepted"] == n_views
         for cid, client in clients.items():
             state = client.state_arrays("cefmc")
-            _assert_orthonormal(state["H"])
+            # HW's 6-d view at k = 10: cefmc.pad = zero keeps its 4 extra columns zero (H_vᵀ H_v = I_6 ⊕ 0)
+            real = np.any(state["H"] != 0.0, axis=0)
+            assert real.sum() == min(client.k, np.linalg.matrix_rank(client.data.features))
+            _assert_orthonormal(state["H"][:, real])
             if round_number > 1:  # Eq. 24: the client's C_v is the first segment the server sent it
                 np.testing.assert_array_equal(state["C_v"], strategy.C_views[strategy.partition_of[cid]])
     _assert_monotone(strategy.objectives, increasing=True)

@@ -18,6 +18,12 @@ class CeFMCConfig(ConfigSection):
         doc="Alg. 1 coefficient on X X^T H (2 = monotone MM step; 1 = the paper's literal Alg. 1)",
     )
     h_iters: int = config_key(1, ge=1, doc="Alg. 1 iterations per round")
+    pad: str = config_key(
+        "zero",
+        choices=("zero", "random"),
+        doc="H_v(0) columns beyond rank(X_v) when k exceeds it: zero (no weight in the consensus) or "
+        "random (orthonormal completion, the earlier behaviour)",
+    )
 
     @property
     def effective_beta(self) -> float:

@@ -112,7 +112,7 @@ def _broadcast_consensus(y: np.ndarray, C: np.ndarray, n_views: int, wire: _Wire
 
 
 def _initialise_cefmc(
-    views: Sequence[np.ndarray], k: int, wire: _Wire, *, n_init: int, seed: int
+    views: Sequence[np.ndarray], k: int, wire: _Wire, *, n_init: int, seed: int, pad: str
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, Inbox]:
     """Shared CeFMC/CeFMC-H initialisation exchange: H_v^(0) up, y^(0) and C̄_v^(0) down.
 
@@ -120,7 +120,8 @@ def _initialise_cefmc(
     """
     wire.next_round()
     H_views = [
-        cefmc_client.init_embedding(X, k, np.random.default_rng([seed, v])) for v, X in enumerate(views)
+        cefmc_client.init_embedding(X, k, np.random.default_rng([seed, v]), pad=pad)
+        for v, X in enumerate(views)
     ]
     y, C = cefmc_server.initialise_consensus([wire.send_up(H) for H in H_views], k, seed=seed, n_init=n_init)
     return H_views, y, C, _broadcast_consensus(y, C, len(views), wire)
@@ -138,12 +139,13 @@ def run_cefmc(
     max_rounds: int = 100,
     n_init: int = 10,
     seed: int = 0,
+    pad: str = "zero",
 ) -> ReferenceRun:
     """CeFMC (Alg. 2) on already-scaled views; `beta=None` means β = λ, the paper's recommendation."""
     _check_views(views, n_clusters, max_rounds)
     beta = lam if beta is None else beta
     wire = _Wire()
-    H_views, y, C, inbox = _initialise_cefmc(views, n_clusters, wire, n_init=n_init, seed=seed)
+    H_views, y, C, inbox = _initialise_cefmc(views, n_clusters, wire, n_init=n_init, seed=seed, pad=pad)
     # Eq. 24: each client fixes C_v = C̄_v^(0) and starts from y_v = y^(0); the server keeps the C_v it sent.
     client_centroids = [C_bar for _, C_bar in inbox]
     client_labels = [y_received for y_received, _ in inbox]
@@ -190,6 +192,7 @@ def run_cefmc_h(
     max_rounds: int = 100,
     n_init: int = 10,
     seed: int = 0,
+    pad: str = "zero",
 ) -> ReferenceRun:
     """CeFMC-H ablation: same initialisation, then clients send H_v (N x k floats) instead of y_v.
 
@@ -198,7 +201,7 @@ def run_cefmc_h(
     _check_views(views, n_clusters, max_rounds)
     beta = lam if beta is None else beta
     wire = _Wire()
-    H_views, y, C, inbox = _initialise_cefmc(views, n_clusters, wire, n_init=n_init, seed=seed)
+    H_views, y, C, inbox = _initialise_cefmc(views, n_clusters, wire, n_init=n_init, seed=seed, pad=pad)
     initial_labels = y
     objectives: list[float] = []
     converged = False
@@ -290,6 +293,7 @@ def run_reference(
     max_rounds: int = 100,
     n_init: int = 10,
     seed: int = 0,
+    pad: str = "zero",
 ) -> ReferenceRun:
     """Scale every view on its own client (`scale_view`), then run `method` (one of `METHODS`)."""
     if method not in METHODS:
@@ -308,6 +312,7 @@ def run_reference(
             max_rounds=max_rounds,
             n_init=n_init,
             seed=seed,
+            pad=pad,
         )
     if method in ("fedcmv", "fedfcmv"):
         return run_vertical_cmeans(
