@@ -4,16 +4,37 @@ Round 1: local FCM centres and their membership mass initialise the federation. 
 computes its memberships to the global centres and returns the membership-weighted sums
 sum_i u_ij^m x_i (k x d) and sum_i u_ij^m (k); summing these over clients gives exactly the centralized
 FCM centre update, so with `local-iters = 1` federated FCM equals FCM on the pooled data.
+
+Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) the client works on its records clipped to
+`dp.clip`, round 1 sends noisy (sum x, sum x*x, count) instead of local FCM centres (local FCM iterates
+on private data, so its centres have no bounded sensitivity), and every later round sends the noisy
+sums and masses; the centres it computes memberships to come from the server, i.e. from earlier noisy
+releases, so one record moves a round's statistics by at most sqrt(clip^2 + 1). The privacy floor's
+withholding is off under DP: deciding by the data whether to send would itself leak (the noise covers
+small clusters instead). The reply's example count is 0: a record count is private under add/remove.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from flwr.app import MetricRecord
 from flwr.common import NDArrays, Scalar
 from sklearn.cluster import kmeans_plusplus
 
 from clients.base import ClusteringClient
 from fedapp.clustering import nearest_centre, squared_distances
+from fedapp.dp import (
+    RELEASES_KEY,
+    STATE_KEY,
+    clip_rows,
+    gaussian_mechanism,
+    moments_sensitivity,
+    next_release,
+    noise_multiplier,
+    planned_releases,
+    secret_rng,
+    sum_count_sensitivity,
+)
 from fedapp.methods.ffcm import FFCMConfig
 from fedapp.privacy import WITHHELD_KEY, capped_clusters
 from fedapp.report import Assignment
@@ -72,11 +93,20 @@ def local_fcm(
 
 
 class FFCMClient(ClusteringClient):
+    @property
+    def space(self) -> np.ndarray:
+        """The vectors this client clusters: its features, clipped to dp.clip when DP is on."""
+        if self.cfg.dp.enabled:
+            return clip_rows(self.data.features, self.cfg.dp.clip)
+        return self.data.features
+
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         m = float(config["fuzziness"])
         X = self.data.features
         n = self.data.n_samples
         capped_clusters(1, n, self.floor)  # fewer records than the floor: nothing may be sent
+        if self.cfg.dp.enabled:
+            return self.fit_private(parameters, config, m)
         if config["phase"] == "moments":  # a sum the server may only see in total (SecAgg+)
             X64 = np.asarray(X, dtype=np.float64)
             return [X64.mean(0), (X64**2).mean(0)], n, self.identity_metrics()
@@ -96,16 +126,34 @@ class FFCMClient(ClusteringClient):
             sums, mass = sums / n, mass / n
         return [sums, mass], n, metrics
 
+    def fit_private(
+        self, parameters: NDArrays, config: dict[str, Scalar], m: float
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """One noisy release (module docstring): counted against the planned schedule first."""
+        dp = self.cfg.dp
+        planned = planned_releases("ffcm", self.cfg.num_rounds, dp.lloyd_iters)
+        made = int(self.context.state[STATE_KEY]["releases"]) if STATE_KEY in self.context.state else 0
+        made = next_release(made, planned)  # raises once the plan is spent
+        self.context.state[STATE_KEY] = MetricRecord({"releases": made})
+        z = noise_multiplier(dp, "ffcm", self.cfg.num_rounds)
+        X = self.space
+        metrics: dict[str, Scalar] = {**self.identity_metrics(), RELEASES_KEY: made}
+        if config["phase"] == "moments":
+            stats = [X.sum(0), (X**2).sum(0), np.array([float(X.shape[0])])]
+            return gaussian_mechanism(stats, moments_sensitivity(dp.clip), z, secret_rng()), 0, metrics
+        if config["phase"] != "update":
+            raise ValueError(f"phase '{config['phase']}' sends unbounded statistics; under DP only moments")
+        sums, mass = membership_sums(X, parameters[0], m)
+        return gaussian_mechanism([sums, mass], sum_count_sensitivity(dp.clip), z, secret_rng()), 0, metrics
+
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         # argmax_j u_ij is the nearest centre, so hard labels need no memberships
-        return nearest_centre(self.data.features, parameters[0])
+        return nearest_centre(self.space, parameters[0])
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
         """Hard label = nearest centre; score = its FCM membership under the run's fuzzifier."""
         labels = self.predict(parameters, config)
-        memberships = fcm_memberships(
-            self.data.features, parameters[0], self.cfg.params(FFCMConfig).fuzziness
-        )
-        return Assignment(
-            labels, memberships[np.arange(len(labels)), labels], "membership", self.data.features
-        )
+        memberships = fcm_memberships(self.space, parameters[0], self.cfg.params(FFCMConfig).fuzziness)
+        # under DP the report's label-free sums are withheld (no metric space): they would be exact
+        space = None if self.cfg.dp.enabled else self.data.features
+        return Assignment(labels, memberships[np.arange(len(labels)), labels], "membership", space)

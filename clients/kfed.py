@@ -1,14 +1,40 @@
-"""k-FED client (Dennis et al., ICML 2021, Alg. 1 local step): k' local k-means centres, sent once."""
+"""k-FED client (Dennis et al., ICML 2021, Alg. 1 local step): k' local k-means centres, sent once.
+
+Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) local k-means is replaced by DP-Lloyd on the
+records clipped to `dp.clip`, `dp.lloyd-iters` noisy releases of (per-cluster sums, per-cluster counts)
+(sensitivity sqrt(clip^2 + 1)): the first is the noisy mean (one cluster), and the initial centres are
+that mean plus seeded data-independent offsets (random directions through the origin put almost every
+record of non-negative data such as pixels into one cluster); each later release assigns the records to
+the previous *noisy* centres. Centre = noisy sum / max(noisy count, 1), pulled back into the clip ball
+(post-processing). Plain k-means would not do: one record can reshuffle its whole partition,
+so per-cluster sums of a k-means partition have no bounded sensitivity. Only the last iteration's
+centres and their noisy counts, rounded and clamped at 0 (post-processing), are sent. The privacy
+floor's merging and the cap k' <= n / floor are off under DP (both decide by the data: the noise covers
+small clusters instead), and the reply's example count is 0.
+"""
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import NDArrays, Scalar
+from flwr.app import MetricRecord
+from flwr.common import Context, NDArrays, Scalar
 
 from clients.base import ClusteringClient
 from fedapp.clustering import nearest_centre
+from fedapp.config import RunConfig
+from fedapp.dp import (
+    RELEASES_KEY,
+    STATE_KEY,
+    clip_rows,
+    gaussian_mechanism,
+    next_release,
+    noise_multiplier,
+    planned_releases,
+    secret_rng,
+    sum_count_sensitivity,
+)
 from fedapp.methods.kfed import KFedConfig
-from fedapp.privacy import CLIENT_MIN_CLUSTER, MERGED_KEY, floored_kmeans
+from fedapp.privacy import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, floored_kmeans
 from fedapp.report import Assignment, nearest_with_distance
 
 
@@ -20,18 +46,80 @@ def local_centres(
     return floored_kmeans(X, k_local, seed, floor, n_init=restarts)
 
 
+def dp_lloyd(
+    X: np.ndarray,
+    k_local: int,
+    clip: float,
+    noise_multiplier: float,
+    iters: int,
+    seed: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """DP-Lloyd (module docstring): (centres (k', d), noisy counts (k',)) after `iters` >= 2 noisy
+    releases (the noisy mean, then `iters` - 1 Lloyd steps).
+
+    `seed` only places the data-independent offsets around the mean; the noise comes from `rng`."""
+    if iters < 2:
+        raise ValueError(f"DP-Lloyd needs >= 2 releases (the mean, then Lloyd steps), got {iters}")
+    X = clip_rows(X, clip)
+    sensitivity = sum_count_sensitivity(clip)
+    total, count = gaussian_mechanism([X.sum(0), np.array([X.shape[0]])], sensitivity, noise_multiplier, rng)
+    mean = clip_rows(total[None] / max(count[0], 1.0), clip)
+    directions = np.random.default_rng([seed, 0xD9]).standard_normal((k_local, X.shape[1]))
+    centres = mean + 0.1 * clip * directions / np.linalg.norm(directions, axis=1, keepdims=True)
+    counts = np.zeros(k_local)
+    for _ in range(iters - 1):
+        labels = nearest_centre(X, centres)
+        one_hot = np.zeros((X.shape[0], k_local))
+        one_hot[np.arange(X.shape[0]), labels] = 1.0
+        sums, counts = gaussian_mechanism([one_hot.T @ X, one_hot.sum(0)], sensitivity, noise_multiplier, rng)
+        centres = clip_rows(sums / np.maximum(counts, 1.0)[:, None], clip)  # a mean of clipped rows is inside
+    return centres, counts
+
+
+def dp_kfed_reply(
+    context: Context, cfg: RunConfig, X: np.ndarray, k_local: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """k-FED's local step under DP for `method`: (centres, rounded noisy counts, releases made so far).
+
+    Counts the releases in `context.state` first: a second request (the plan is one DP-Lloyd run) fails."""
+    dp = cfg.dp
+    planned = planned_releases(cfg.method, cfg.num_rounds, dp.lloyd_iters)
+    made = int(context.state[STATE_KEY]["releases"]) if STATE_KEY in context.state else 0
+    for _ in range(dp.lloyd_iters):
+        made = next_release(made, planned)
+    context.state[STATE_KEY] = MetricRecord({"releases": made})
+    z = noise_multiplier(dp, cfg.method, cfg.num_rounds)
+    centres, counts = dp_lloyd(X, k_local, dp.clip, z, dp.lloyd_iters, seed, secret_rng())
+    return centres, np.rint(np.maximum(counts, 0.0)).astype(np.int64), made
+
+
 class KFedClient(ClusteringClient):
     """Round 1: send local centres + counts. Evaluation: label by the nearest global centre."""
 
+    @property
+    def space(self) -> np.ndarray:
+        """The vectors this client clusters: its features, clipped to dp.clip when DP is on."""
+        if self.cfg.dp.enabled:
+            return clip_rows(self.data.features, self.cfg.dp.clip)
+        return self.data.features
+
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         k_local = int(config.get("local-k", 0)) or self.k
+        if self.cfg.dp.enabled:
+            capped_clusters(1, self.data.n_samples, self.floor)  # fewer records than the floor: nothing
+            centres, counts, made = dp_kfed_reply(
+                self.context, self.cfg, self.data.features, k_local, self.seed
+            )
+            return [centres, counts], 0, {**self.identity_metrics(), RELEASES_KEY: made}
         restarts = self.cfg.params(KFedConfig).local_restarts
         centres, counts, merged = local_centres(self.data.features, k_local, self.seed, restarts, self.floor)
         return [centres, counts], self.data.n_samples, {**self.identity_metrics(), MERGED_KEY: merged}
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
-        return nearest_centre(self.data.features, parameters[0])
+        return nearest_centre(self.space, parameters[0])
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
-        labels, distances = nearest_with_distance(self.data.features, parameters[0])
-        return Assignment(labels, distances, "distance", self.data.features)
+        labels, distances = nearest_with_distance(self.space, parameters[0])
+        # under DP the report's label-free sums are withheld (no metric space): they would be exact
+        return Assignment(labels, distances, "distance", None if self.cfg.dp.enabled else self.data.features)

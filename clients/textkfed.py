@@ -1,7 +1,9 @@
 """k-FED clients on text features: bag of words / TF-IDF over a federated vocabulary, or sentence embeddings.
 
 The FSTC paper's FBOW, FTF-IDF and FSBERT baselines. The k-FED maths is k-FED's (`clients.kfed`); what
-is new here is only how a client turns its texts into vectors.
+is new here is only how a client turns its texts into vectors. FSBERT-kFED supports differential
+privacy with k-FED's DP-Lloyd step (`clients.kfed.dp_kfed_reply`); FBOW/FTF-IDF do not (their
+vocabulary round sends exact document frequencies).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from clients.kfed import local_centres
+from clients.kfed import dp_kfed_reply, local_centres
 from fedapp.bow import count_matrix, document_frequencies, tfidf_matrix
 from fedapp.clustering import nearest_centre
+from fedapp.dp import RELEASES_KEY, clip_rows
 from fedapp.methods.textkfed import DOCUMENTS_KEY, PHASE_VOCABULARY, TextKFedConfig
-from fedapp.privacy import MERGED_KEY
+from fedapp.privacy import MERGED_KEY, capped_clusters
 from fedapp.report import Assignment, nearest_with_distance
 from fedapp.text_features import local_embeddings
 
@@ -56,11 +59,19 @@ class SentenceKFedClient(ClusteringClient):
     """k-FED's local step on the client's sentence embeddings (the encoder FSTC uses)."""
 
     def embeddings(self) -> np.ndarray:
+        """Its sentence embeddings: the space it clusters in (clipped to dp.clip under DP)."""
         params = self.cfg.params(TextKFedConfig)
-        return local_embeddings(self.data, self.cfg.embedding_model, params.max_length, self.cfg.device)
+        vectors = local_embeddings(self.data, self.cfg.embedding_model, params.max_length, self.cfg.device)
+        return clip_rows(vectors, self.cfg.dp.clip) if self.cfg.dp.enabled else vectors
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         k_local = int(config.get("local-k", 0)) or self.k
+        if self.cfg.dp.enabled:
+            capped_clusters(1, self.data.n_samples, self.floor)  # fewer records than the floor: nothing
+            centres, counts, made = dp_kfed_reply(
+                self.context, self.cfg, self.embeddings(), k_local, self.seed
+            )
+            return [centres, counts], 0, {**self.identity_metrics(), RELEASES_KEY: made}
         centres, sizes, merged = local_centres(self.embeddings(), k_local, self.seed, floor=self.floor)
         return [centres, sizes], self.data.n_samples, {**self.identity_metrics(), MERGED_KEY: merged}
 
@@ -69,4 +80,6 @@ class SentenceKFedClient(ClusteringClient):
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
         embeddings = self.embeddings()
-        return Assignment(*nearest_with_distance(embeddings, parameters[0]), "distance", embeddings)
+        # under DP the report's label-free sums are withheld (no metric space): they would be exact
+        space = None if self.cfg.dp.enabled else embeddings
+        return Assignment(*nearest_with_distance(embeddings, parameters[0]), "distance", space)

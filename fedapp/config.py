@@ -3,6 +3,8 @@
 Common keys live in `[tool.flwr.app.config]`; a method's own keys in `[tool.flwr.app.config.<method>]`,
 which Flower flattens to dotted keys (`cefmc.lambda`). Both are declared in code as `ConfigSection`
 dataclasses (type, range, doc): the common ones here, each method's in `fedapp/methods/<method>.py`.
+The `[tool.flwr.app.config.dp]` table (`fedapp.dp.DPConfig`) holds keys that apply to every method that
+supports differential privacy, so it is parsed beside the method's own table.
 pyproject.toml repeats the defaults because Flower rejects keys it was not told about; a test keeps the two
 identical (`python -m simulation methods --toml` prints the tables). Every check here runs before any
 process starts (in the runner and the deploy script) and again in `server_fn` before round 1.
@@ -16,16 +18,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fedapp.config_keys import ConfigError, ConfigSection, config_key, unknown_key_message
+from fedapp.dp import DP_METHODS, DPConfig
 from fedapp.methods import METHODS, config_tables, method_spec
+from fedapp.methods.ffcm import FFCMConfig
 from fedapp.preprocessing import SCALINGS
 
-__all__ = ["ConfigError", "RunConfig", "default_run_config", "parse_run_config", "valid_keys"]
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "config_sections",
+    "default_run_config",
+    "parse_run_config",
+    "valid_keys",
+]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "by-group", "vertical")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 Section = TypeVar("Section", bound=ConfigSection)
+DP_TABLE = "dp"  # [tool.flwr.app.config.dp]: differential privacy, any method in fedapp.dp.DP_METHODS
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,7 @@ class RunConfig(ConfigSection):
         doc="cluster keywords: a term counts only if >= this many of a cluster's documents on one client",
     )
     method_config: ConfigSection | None = field(default=None, compare=True)
+    dp: DPConfig = field(default_factory=DPConfig, compare=True)
 
     @property
     def evaluation_interval(self) -> int:
@@ -140,13 +153,19 @@ class RunConfig(ConfigSection):
         out = self.to_flower()
         if self.method_config is not None:
             out.update(self.method_config.to_flower(method_spec(self.method).config_table))
+        out.update(self.dp.to_flower(DP_TABLE))
         return out
+
+
+def config_sections() -> dict[str, type[ConfigSection]]:
+    """Every dotted table: the methods' own (`fedapp.methods.config_tables`) and the shared `dp` one."""
+    return {**config_tables(), DP_TABLE: DPConfig}
 
 
 def default_run_config() -> dict[str, Any]:
     """Every key's default, flattened as Flower flattens `[tool.flwr.app.config]` (method keys dotted)."""
     out = RunConfig.defaults()
-    for table, section in config_tables().items():
+    for table, section in config_sections().items():
         out.update(section.defaults(table))
     return out
 
@@ -176,19 +195,22 @@ def parse_run_config(overrides: Mapping[str, Any] | None = None, *, cross_checks
             raise ConfigError(unknown_key_message(key, defaults, prefer=own_table))
     common = {key: value for key, value in raw.items() if "." not in key}
     own: dict[str, Any] = {}
+    dp: dict[str, Any] = {}
     for key, value in raw.items():
         table, dot, name = key.partition(".")
         if not dot:
             continue
         if table == own_table:
             own[name] = value
+        elif table == DP_TABLE:
+            dp[name] = value
         elif value != defaults[key]:
             owners = sorted(m for m, s in METHODS.items() if s.config is not None and s.config_table == table)
             raise ConfigError(
                 f"run-config '{key}' belongs to method {' / '.join(owners)}, but the method is '{method}'"
             )
     method_config = spec.config.parse(own, own_table) if spec.config is not None else None
-    cfg = RunConfig.parse(common, method_config=method_config)
+    cfg = RunConfig.parse(common, method_config=method_config, dp=DPConfig.parse(dp, DP_TABLE))
     if cfg.partition == "auto":
         cfg = replace(cfg, partition="vertical" if spec.vertical else "iid")
     if cross_checks:
@@ -206,10 +228,30 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(
             f"secagg=true: method '{cfg.method}' does not aggregate sums; SecAgg+ works with {supported}"
         )
+    _validate_dp(cfg)
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"
         raise ConfigError(f"method '{cfg.method}' needs {need}, got partition='{cfg.partition}'")
     _validate_dataset(cfg)
+
+
+def _validate_dp(cfg: RunConfig) -> None:
+    """Differential privacy only where every message the method sends is noised (`fedapp.dp`)."""
+    if not cfg.dp.enabled:
+        return
+    if cfg.method not in DP_METHODS:
+        raise ConfigError(
+            f"dp.epsilon={cfg.dp.epsilon:g}: method '{cfg.method}' does not support differential privacy; "
+            f"use one of {sorted(DP_METHODS)}"
+        )
+    if cfg.secagg:
+        raise ConfigError(
+            "dp.epsilon > 0 with secagg=true: not supported together; the noise is local, use one"
+        )
+    if cfg.method == "ffcm" and cfg.params(FFCMConfig).local_iters > 1:
+        raise ConfigError(
+            "dp.epsilon > 0 needs ffcm.local-iters=1: local iterations move the centres by private data"
+        )
 
 
 def _validate_dataset(cfg: RunConfig) -> None:

@@ -6,10 +6,10 @@ import json
 import textwrap
 from typing import Any
 
-from fedapp.config import RunConfig
+from fedapp.config import RunConfig, config_sections
 from fedapp.config_keys import ConfigSection, KeySpec
 from fedapp.datasets import DatasetInfo
-from fedapp.methods import METHODS, config_tables, method_spec, methods_for_kind
+from fedapp.methods import METHODS, method_spec, methods_for_kind
 from simulation.presets import available_presets
 
 
@@ -37,6 +37,11 @@ def describe_methods(name: str | None = None) -> str:
         out += ['common keys (every method; `--set key=value` or `--run-config "key=value"`):']
         out += _key_lines(RunConfig.key_specs())
         out.append("")
+        for table, section in config_sections().items():
+            if table not in {spec.config_table for spec in METHODS.values()}:  # shared tables (dp)
+                out.append(f"keys [tool.flwr.app.config.{table}] (methods that support it):")
+                out += _key_lines(section.key_specs(), f"{table}.")
+                out.append("")
     for method in names:
         spec = METHODS[method]
         kind = "vertical" if spec.vertical else "horizontal" if spec.federated else "centralized"
@@ -68,7 +73,7 @@ def _toml_table(header: str, section: type[ConfigSection]) -> list[str]:
 def render_config_toml() -> str:
     """The `[tool.flwr.app.config]` tables that pyproject.toml must hold, generated from the code."""
     lines = _toml_table("tool.flwr.app.config", RunConfig)
-    for table, section in config_tables().items():
+    for table, section in config_sections().items():
         lines += ["", *_toml_table(f"tool.flwr.app.config.{table}", section)]
     return "\n".join(lines)
 

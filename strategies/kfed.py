@@ -1,25 +1,43 @@
-"""k-FED strategy (Dennis et al., ICML 2021): one-shot; k-means over the union of local centres."""
+"""k-FED strategy (Dennis et al., ICML 2021): one-shot; k-means over the union of local centres.
+
+Under differential privacy (`fedapp.dp`) the local centres are noisy DP-Lloyd centres; the merge weights
+each by its noisy count (post-processing: a centre of a few noisy records is mostly noise) and
+summary.json's `privacy` block accounts the clients' releases.
+"""
 
 from __future__ import annotations
 
 from logging import INFO
+from typing import Any
 
 import numpy as np
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
 from fedapp.clustering import kmeans
+from fedapp.config import RunConfig
+from fedapp.dp import RELEASES_KEY, privacy_summary
 from fedapp.methods.kfed import KFedConfig
 from fedapp.protocol import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, consistent_replies
 
 
-def merge_local_centres(local_centres: list[np.ndarray], k: int, seed: int) -> np.ndarray:
-    """Alg. 2 server step: k global centres = k-means over all clients' local centres (unweighted)."""
+def merge_local_centres(
+    local_centres: list[np.ndarray], k: int, seed: int, counts: list[np.ndarray] | None = None
+) -> np.ndarray:
+    """Alg. 2 server step: k global centres = k-means over all clients' local centres (unweighted, or
+    weighted by `counts` when given: centres of count 0 are left out while >= k others remain)."""
     union = np.concatenate(local_centres, axis=0)
+    weights = None
+    if counts is not None:
+        weights = np.concatenate(counts).astype(np.float64)
+        if (weights > 0).sum() >= k:
+            union, weights = union[weights > 0], weights[weights > 0]
+        else:  # too few populated centres (strong DP noise): keep every one, the empty ones barely weigh
+            weights = np.maximum(weights, 1e-6)
     if union.shape[0] < k:
         raise ValueError(f"only {union.shape[0]} local centres for k={k} global clusters")
-    centres, _ = kmeans(union, k, seed)
+    centres, _ = kmeans(union, k, seed, sample_weight=weights)
     return centres
 
 
@@ -27,6 +45,11 @@ class KFedStrategy(ClusteringStrategy):
     """Round 1 collects local centres and builds the global centres; later rounds are no-ops."""
 
     method = "kfed"
+    state_fields = ("dp_releases",)
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         local_k = self.cfg.params(KFedConfig).local_k
@@ -43,10 +66,16 @@ class KFedStrategy(ClusteringStrategy):
         centres, counts = reply.arrays
         if counts.shape[0] != centres.shape[0] or (counts < 0).any():
             raise ReplyError(f"{centres.shape[0]} centres but counts of shape {counts.shape}")
+        if self.cfg.dp.enabled and not isinstance(reply.metrics.get(RELEASES_KEY), int):
+            raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
         assert self.k is not None  # _validated rejects every reply while k is unknown
-        centres = merge_local_centres([reply.arrays[0] for reply in replies], self.k, self.cfg.seed)
+        counts = None
+        if self.cfg.dp.enabled:
+            counts = [reply.arrays[1] for reply in replies]
+            self.dp_releases = max(self.dp_releases, *(int(r.metrics[RELEASES_KEY]) for r in replies))
+        centres = merge_local_centres([reply.arrays[0] for reply in replies], self.k, self.cfg.seed, counts)
         self.finished, self.stop_reason = True, "one-shot"
         log(
             INFO,
@@ -56,3 +85,7 @@ class KFedStrategy(ClusteringStrategy):
             self.k,
         )
         return ndarrays_to_parameters([centres])
+
+    def extra_summary(self) -> dict[str, Any]:
+        privacy = privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases)
+        return {**super().extra_summary(), "privacy": privacy}
