@@ -7,7 +7,9 @@ the vectors (`max_seq_length`, `normalize`) and a SHA-256 of the texts in order,
 imports sentence-transformers nor loads the model.
 
 Cache layout: ``<cache>/embeddings/<dataset>/<model>-<key>.npy`` (float32, N x D) beside a JSON sidecar
-of the same name that records what was encoded and the SHA-256 of the array. ``<cache>`` is
+of the same name that records what was encoded and the SHA-256 of the array, and ``<key>.idx``, each
+text's digest: texts that are all in a cached entry (a subsample, a client's part) are sliced out of it
+instead of encoded. ``<cache>`` is
 ``$FEDAPP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedapp``, else ``~/.cache/fedapp``. Both files are written
 to a temporary name and renamed (atomic on POSIX), the array first, so a crash leaves either no entry or
 an array without a matching sidecar; an entry that fails any check is re-encoded with a warning.
@@ -398,7 +400,9 @@ def embed_texts(
     array_path, meta_path = folder / f"{stem}.npy", folder / f"{stem}.json"
 
     try:
-        return _load_entry(array_path, meta_path, expected)
+        vectors = _load_entry(array_path, meta_path, expected)
+        _write_text_index(folder / f"{stem}{TEXT_INDEX_SUFFIX}", texts)  # entries made before indexes
+        return vectors
     except _UnusableEntryError as problem:
         if array_path.exists() or meta_path.exists():  # absent is a plain miss; anything else is suspect
             log(WARNING, "embedding cache %s is unusable (%s); re-encoding", array_path, problem)
@@ -406,17 +410,21 @@ def embed_texts(
     with _entry_lock(folder / f"{stem}.lock"):
         with contextlib.suppress(_UnusableEntryError):  # another process may have written it meanwhile
             return _load_entry(array_path, meta_path, expected)
-        resolved_device = resolve_device(device)
         started = time.perf_counter()
-        encoder = load_sentence_model(model, resolved_device, max_seq_length)
-        vectors = _encode(
-            encoder,
-            texts,
-            batch_size=batch_size,
-            normalize=normalize,
-            progress=show_progress,
-            label=dataset or f"{len(texts)} texts",
-        )
+        resolved_device, extra = resolve_device(device), {}
+        sliced = _slice_of_cached_superset(folder, expected, texts, skip=meta_path)
+        if sliced is not None:
+            vectors, extra = sliced[0], {"sliced_from": sliced[1]}
+        else:
+            encoder = load_sentence_model(model, resolved_device, max_seq_length)
+            vectors = _encode(
+                encoder,
+                texts,
+                batch_size=batch_size,
+                normalize=normalize,
+                progress=show_progress,
+                label=dataset or f"{len(texts)} texts",
+            )
         meta = {
             **expected,
             "dim": int(vectors.shape[1]),
@@ -426,8 +434,67 @@ def embed_texts(
             "device": resolved_device,
             "batch_size": batch_size,
             "seconds": round(time.perf_counter() - started, 3),
+            **extra,
         }
         # Array first, sidecar last: the sidecar commits the entry, and it names the array's hash.
         _atomic_write(array_path, lambda stream: np.save(stream, vectors, allow_pickle=False))
+        _write_text_index(folder / f"{stem}{TEXT_INDEX_SUFFIX}", texts)
         _atomic_write(meta_path, lambda stream: stream.write(json.dumps(meta, indent=1).encode("utf-8")))
     return vectors
+
+
+# --------------------------------------------------------------------------- subsets of cached sets
+TEXT_INDEX_SUFFIX = ".idx"  # np.save format; not *.npy, which names arrays
+_SAME_VECTORS = ("format", "model", "model_fingerprint", "max_seq_length", "normalize")
+
+
+def text_digests(texts: Sequence[str]) -> np.ndarray:
+    """N x 16 uint8: a BLAKE2b-128 digest of each text, so an entry's rows can be looked up by text."""
+    joined = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=16).digest() for t in texts)
+    return np.frombuffer(joined, dtype=np.uint8).reshape(len(texts), 16)
+
+
+def _write_text_index(path: Path, texts: Sequence[str]) -> None:
+    if not path.exists():
+        digests = text_digests(texts)
+        _atomic_write(path, lambda stream: np.save(stream, digests, allow_pickle=False))
+
+
+def _slice_of_cached_superset(
+    folder: Path, expected: dict[str, Any], texts: Sequence[str], *, skip: Path
+) -> tuple[np.ndarray, str] | None:
+    """The rows of `texts` out of a cached entry of the same model and options that holds all of them.
+
+    A seeded subsample, a long-tailed subset or one client's partition of a dataset embedded before then
+    costs a lookup instead of minutes of encoding; a text's embedding depends on that text alone, so the
+    rows equal a fresh encoding up to float rounding. Entries are verified as on a hit (sidecar, shape,
+    SHA-256) and their text index is checked against the sidecar's text count.
+    """
+    wanted = text_digests(texts)
+    for meta_path in sorted(folder.glob("*.json")):
+        if meta_path == skip:
+            continue
+        index_path = meta_path.with_suffix(TEXT_INDEX_SUFFIX)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            if not isinstance(meta, dict) or any(meta.get(f) != expected[f] for f in _SAME_VECTORS):
+                continue
+            if int(meta.get("n_texts", 0)) < len(texts) or not index_path.is_file():
+                continue
+            digests = np.load(index_path, allow_pickle=False)
+        except (OSError, ValueError, TypeError, EOFError):
+            continue
+        if digests.dtype != np.uint8 or digests.shape != (meta["n_texts"], 16):
+            continue
+        row_of = {row.tobytes(): i for i, row in enumerate(digests)}
+        rows = [row_of.get(digest.tobytes()) for digest in wanted]
+        if any(row is None for row in rows):
+            continue
+        entry = {**{f: expected[f] for f in _SAME_VECTORS}, "n_texts": meta["n_texts"]}
+        entry["texts_sha256"] = meta.get("texts_sha256")
+        try:
+            array = _load_entry(meta_path.with_suffix(".npy"), meta_path, entry)
+        except _UnusableEntryError:
+            continue
+        return np.ascontiguousarray(array[np.asarray(rows, dtype=np.int64)]), meta_path.stem
+    return None
