@@ -25,14 +25,17 @@ from fedapp.methods.ccfc import (
     CLUSTER,
     PHASE_KEY,
     PRETRAIN,
+    SECAGG_KEY,
     SETUP,
     SHAPE_KEYS,
     WANT_CENTROIDS_KEY,
     CCFCConfig,
+    secure_modes,
 )
 from fedapp.models.ccfc import build_model
 from fedapp.privacy import CLIENT_MIN_CLUSTER, capped_clusters, merge_small_clusters
 from fedapp.report import Assignment
+from fedapp.secure_sum import secure_upload
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
     client_rngs,
@@ -286,7 +289,14 @@ class CCFCClient(ClusteringClient):
             return [], self.data.n_samples, metrics
         metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
         extra = [new_centroids] if new_centroids is not None else []
-        return state_arrays(model) + extra, self.data.n_samples, metrics
+        arrays = state_arrays(model)
+        if config.get(SECAGG_KEY):  # Eq. 8 through SecAgg+; the centroids are not a sum: in the clear
+            modes = secure_modes([str(a.dtype) for a in arrays], bool(extra))
+            masked, secure_metrics = secure_upload(
+                arrays + extra, modes, self.data.n_samples, self.cfg.secagg_clip
+            )
+            return masked, self.data.n_samples, {**metrics, **secure_metrics}
+        return arrays + extra, self.data.n_samples, metrics
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         """Eq. 3 under the global model and centroids (standalone: the client's own)."""

@@ -32,10 +32,21 @@ from fedapp.fstc_math import (
     withhold_small_clusters,
 )
 from fedapp.losses import info_nce_loss
-from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, FSTCConfig
+from fedapp.methods.fstc import (
+    CENTRES_KEY,
+    FINAL_KEY,
+    INIT_KEY,
+    MODEL_KEY,
+    MOMENT_MODES,
+    PHASE_INIT,
+    SECAGG_KEY,
+    FSTCConfig,
+    secure_train_modes,
+)
 from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
 from fedapp.privacy import WITHHELD_KEY
 from fedapp.report import Assignment
+from fedapp.secure_sum import secure_upload
 from fedapp.text_features import local_augmented_embeddings, local_augmented_texts, local_embeddings
 from fedapp.threads import one_blas_thread
 from fedapp.torch_glue import (
@@ -154,6 +165,9 @@ class LocalUpdate:
             tol=self.params.sinkhorn_tol,
             init_log_v=labelling.dual,
             marginal_strength=self.params.marginal_strength if self.params.marginal == "adaptive" else None,
+            marginal_barrier=(
+                self.params.marginal_barrier if self.params.marginal == "self-adaptive" else None
+            ),
         )
         labelling.dual = result.log_v
         labelling.targets = targets.float()
@@ -343,17 +357,32 @@ class FSTCClient(ClusteringClient):
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         with one_blas_thread():  # the mixture's N x K products: threads cost more than they save
             if config.get("phase") == PHASE_INIT:
-                return self.initial_reply(), self.data.n_samples, self.identity_metrics()
+                init = str(config.get(INIT_KEY, self.params.init))
+                reply, n = self.initial_reply(init), self.data.n_samples
+                if config.get(SECAGG_KEY):
+                    return self.secure(reply, list(MOMENT_MODES), self.identity_metrics())
+                return reply, n, self.identity_metrics()
             return self.train_round(list(parameters), config)
 
-    def initial_reply(self) -> NDArrays:
-        """Alg. 2 line 2: what the server clusters into the initial global centres."""
+    def secure(
+        self, reply: NDArrays, modes: list[str], metrics: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """The reply as SecAgg+ takes it (`fedapp.secure_sum`): sums over n, counters in the clear."""
+        n = self.data.n_samples
+        masked, extra = secure_upload(reply, modes, n, self.cfg.secagg_clip)
+        return masked, n, {**metrics, **extra}
+
+    def initial_reply(self, init: str) -> NDArrays:
+        """Alg. 2 line 2: what the server clusters into (or, for moments, draws) the initial centres."""
         inputs = self.local_inputs(augmented=False)
         representations = (
             forward_all(self.build_model(inputs), inputs, self.update.eval_batch)[0].cpu().numpy()
         )
-        if self.params.init == "representations":  # the paper's: per-sample vectors leave the client
+        if init == "representations":  # the paper's: per-sample vectors leave the client
             return [representations.astype(np.float32)]
+        if init == "moments":  # per-sample means: SecAgg+'s weighted average is the federation's
+            values = representations.astype(np.float64)
+            return [values.mean(0), (values**2).mean(0)]
         k_local = self.params.init_local_k or 2 * self.k
         return local_kmeans_summary(representations, k_local, self.seed, self.floor)
 
@@ -410,6 +439,8 @@ class FSTCClient(ClusteringClient):
         reply = [counts.cpu().numpy().astype(np.int64)]
         if self.align:
             reply.insert(0, centres.cpu().double().numpy())
+            if config.get(SECAGG_KEY):  # Eq. 16 needs only the per-cluster sums n_k C_k and counts
+                reply[0] = reply[0] * reply[1][:, None]
         metrics: dict[str, Scalar] = {
             **self.identity_metrics(),
             **stats.metrics(),
@@ -417,10 +448,14 @@ class FSTCClient(ClusteringClient):
             "step": labelling.step,
             WITHHELD_KEY: withheld,
         }
+        model_arrays: NDArrays = []
         if config.get(FINAL_KEY):
-            reply += state_arrays(model)
+            model_arrays = state_arrays(model)
             metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
-        return reply, self.data.n_samples, metrics
+        if config.get(SECAGG_KEY):
+            modes = secure_train_modes(self.align, [str(a.dtype) for a in model_arrays])
+            return self.secure(reply + model_arrays, modes, metrics)
+        return reply + model_arrays, self.data.n_samples, metrics
 
     def optimizer(self, model: FSTCModel) -> torch.optim.Optimizer:
         """Adam with the paper's two learning rates: Φ's encoder and the rest (adapter and F)."""

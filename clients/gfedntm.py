@@ -25,8 +25,10 @@ from fedapp.methods.gfedntm import (
     BOW_CONTEXT_DIM,
     COOCCURRENCE_KEY,
     PHASE_COOCCURRENCE,
+    PHASE_TERMS,
     PHASE_TRAIN,
     PHASE_VOCABULARY,
+    SECAGG_KEY,
     GFedNTMConfig,
 )
 from fedapp.models.gfedntm import Groups
@@ -42,6 +44,7 @@ from fedapp.ntm import (
 )
 from fedapp.protocol import encode_array
 from fedapp.report import REPORT_KEY, Assignment
+from fedapp.secure_sum import SUM, model_modes, secure_upload
 from fedapp.torch_glue import (
     FINGERPRINT_KEY,
     client_rngs,
@@ -73,16 +76,31 @@ class GFedNTMClient(ClusteringClient):
     # ----------------------------------------------------------------------------------- fit
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         phase = config.get("phase")
-        if phase == PHASE_VOCABULARY:
+        if phase in (PHASE_TERMS, PHASE_VOCABULARY):
             terms, counts = local_document_frequencies(self.data).to_arrays()
             metrics = {**self.identity_metrics(), "context-dim": self.context_dim()}
+            if phase == PHASE_TERMS:  # SecAgg+'s first vocabulary round: which terms, not how often
+                return [terms], self.data.n_samples, metrics
+            if config.get(SECAGG_KEY):  # frequencies over the union of the term lists, as a secure sum
+                return self.secure([union_frequencies(terms, counts, parameters[0])], [SUM], metrics)
             return [terms, counts], self.data.n_samples, metrics
         if phase != PHASE_TRAIN:
             raise ValueError(f"unknown gfedntm phase {phase!r}")
         if config.get("with-vocabulary"):
             self.context.state[VOCABULARY_KEY] = ConfigRecord({"terms": [str(t) for t in parameters[0]]})
             parameters = parameters[1:]
-        return self.train(parameters, config)
+        arrays, used, metrics = self.train(parameters, config)
+        if config.get(SECAGG_KEY):  # gradients and buffers are n-weighted averages already
+            return self.secure(arrays, model_modes(arrays), metrics, used)
+        return arrays, used, metrics
+
+    def secure(
+        self, arrays: NDArrays, modes: list[str], metrics: dict[str, Scalar], n: int | None = None
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """The reply as SecAgg+ takes it (`fedapp.secure_sum`), with weight n (documents used)."""
+        n = self.data.n_samples if n is None else n
+        masked, extra = secure_upload(arrays, modes, n, self.cfg.secagg_clip)
+        return masked, n, {**metrics, **extra}
 
     def train(
         self, parameters: NDArrays, config: dict[str, Scalar]
@@ -202,6 +220,17 @@ class GFedNTMClient(ClusteringClient):
                 del _CORPORA[next(iter(_CORPORA))]  # the oldest
             _CORPORA[key] = Corpus(local_counts(self.data, terms), self.contexts())
         return _CORPORA[key]
+
+
+def union_frequencies(terms: np.ndarray, counts: np.ndarray, union: np.ndarray) -> np.ndarray:
+    """This client's document frequencies laid out over the server's union of term lists (0: absent)."""
+    position = {str(term): j for j, term in enumerate(union)}
+    frequencies = np.zeros(len(union), dtype=np.int64)
+    for term, count in zip(terms.tolist(), counts.tolist(), strict=True):
+        if term not in position:
+            raise ValueError(f"term {term!r} is missing from the server's union of term lists")
+        frequencies[position[term]] = count
+    return frequencies
 
 
 def local_document_frequencies(data: LocalData) -> DocumentFrequencies:

@@ -43,6 +43,9 @@ def label_update_steps(total_steps: int, updates: int, warmup: int) -> list[int]
 
 
 # ------------------------------------------------------------------------------------ Sinkhorn
+SHARE_STEP = 0.1  # damping of the self-adaptive shares' update (see `sinkhorn_log_plan`)
+
+
 @dataclass(frozen=True)
 class SinkhornResult:
     """log ξ of the transport plan (N x K), the iterations used, the largest row-marginal error, and
@@ -62,6 +65,7 @@ def sinkhorn_log_plan(
     tol: float = 1e-6,
     init_log_v: torch.Tensor | None = None,
     marginal_strength: float | None = None,
+    marginal_barrier: float | None = None,
 ) -> SinkhornResult:
     """Entropic OT of Eq. 2 with cost M = -log P, a = 1_N, b = (N/K) 1_K, solved in the log domain.
 
@@ -69,6 +73,14 @@ def sinkhorn_log_plan(
     KL penalty τ·KL(Qᵀ1 ‖ b) (unbalanced OT, Chizat et al. 2018): the v-update becomes
     v = (b ⊘ 𝒦ᵀu)^(τ/(τ+ε)), so the clusters' shares follow the data's instead of being forced equal
     (small τ: the predictions' own shares; τ → ∞: Eq. 2). This is `fstc.marginal = adaptive`.
+
+    `marginal_barrier` c (None: off) is RSTC's self-adaptive transport (`fstc.marginal = self-adaptive`):
+    the shares b are a variable too, penalised by -c Σ_k [log b_k + log(1 - b_k)], a barrier that keeps
+    every cluster non-empty while the shares follow the data. After each v-update, b solves the
+    stationarity condition ε log v_k - h = c (1/b_k - 1/(1 - b_k)) with h such that Σ b = 1
+    (`self_adaptive_shares`). RSTC's defaults give c = reg2 / log_alpha = 0.1 / 100. RSTC jumps to the
+    new shares every iteration, which oscillates (rows off by 0.1-1 after 1000 iterations on skewed
+    scores); a geometric step of `SHARE_STEP` toward them converges to the same shares, rows met to 1e-9.
 
     Eq. 4-6 iterate u = a ⊘ 𝒦v, v = b ⊘ 𝒦ᵀu with 𝒦 = exp(-M/ε) = P^(1/ε); with ε = 0.1 that is P^10,
     which underflows for any confident prediction, so we iterate log u and log v with logsumexp instead.
@@ -93,6 +105,8 @@ def sinkhorn_log_plan(
     error = math.inf
     iterations = 0
     exponent = 1.0 if marginal_strength is None else marginal_strength / (marginal_strength + epsilon)
+    if marginal_strength is not None and marginal_barrier is not None:
+        raise ValueError("marginal_strength and marginal_barrier are two different marginals: pass one")
     while iterations < max_iters:
         row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)  # log (𝒦v)_i
         if iterations > 0:  # rows of the current plan sum to u_i (𝒦v)_i: check them for free
@@ -102,10 +116,41 @@ def sinkhorn_log_plan(
         iterations += 1
         log_u = log_a - row_terms  # Eq. 5
         log_v = exponent * (log_b - torch.logsumexp(log_kernel + log_u[:, None], dim=0))  # Eq. 6
+        if marginal_barrier is not None:  # a damped step toward RSTC's shares; the next v-update meets them
+            target = torch.log(self_adaptive_shares(epsilon * log_v, marginal_barrier))
+            log_b = (1 - SHARE_STEP) * log_b + SHARE_STEP * (target + math.log(n))
+            log_b = log_b - torch.logsumexp(log_b, dim=0) + math.log(n)
     else:
         row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)
         error = float(((log_u + row_terms).exp() - 1.0).abs().max())
     return SinkhornResult(log_u[:, None] + log_kernel + log_v[None, :], iterations, error, log_v)  # Eq. 4
+
+
+def self_adaptive_shares(potentials: torch.Tensor, barrier: float, *, iters: int = 100) -> torch.Tensor:
+    """RSTC's share update: b_k(h) with c (1/b - 1/(1-b)) = g_k - h and h chosen so that Σ b = 1.
+
+    For t = g - h the root in (0, 1) is b = 2c / (t + 2c + sqrt(t² + 4c²)) (the quadratic's stable
+    form, 1/2 at t = 0); it increases with h, so h is found by bisection (RSTC uses Newton steps).
+    """
+    if not barrier > 0:
+        raise ValueError(f"the marginal barrier must be > 0, got {barrier}")
+
+    def shares(h: torch.Tensor) -> torch.Tensor:
+        t = potentials - h
+        return 2 * barrier / (t + 2 * barrier + torch.sqrt(t * t + 4 * barrier * barrier))
+
+    k = potentials.shape[0]
+    # Σ b < 1 below lo and > 1 above hi: every b_k <= 1/k at h = min g - c k, >= 1/k at h = max g + c k
+    lo = potentials.min() - barrier * (k + 2)
+    hi = potentials.max() + barrier * (k + 2)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if shares(mid).sum() > 1:
+            hi = mid
+        else:
+            lo = mid
+    b = shares((lo + hi) / 2)
+    return b / b.sum()
 
 
 def pseudo_labels(
@@ -116,6 +161,7 @@ def pseudo_labels(
     tol: float = 1e-6,
     init_log_v: torch.Tensor | None = None,
     marginal_strength: float | None = None,
+    marginal_barrier: float | None = None,
 ) -> tuple[torch.Tensor, SinkhornResult]:
     """Alg. 1: P = softmax(O), ξ from the OT of Eq. 2, then Q_ik = ξ_ik² / Σ_k' ξ_ik'² (Eq. 7).
 
@@ -129,6 +175,7 @@ def pseudo_labels(
         tol=tol,
         init_log_v=init_log_v,
         marginal_strength=marginal_strength,
+        marginal_barrier=marginal_barrier,
     )
     return torch.softmax(2.0 * result.log_plan, dim=1).to(scores.dtype), result
 

@@ -13,7 +13,7 @@ from flwr.serverapp import Grid
 from fedapp.config import ConfigError, RunConfig, parse_run_config
 from fedapp.methods import load_class, method_spec
 from fedapp.results import PROGRESS_MARKER
-from fedapp.server_loop import FedappServer, run_secure
+from fedapp.server_loop import CountingGrid, FedappServer, run_secure
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -60,7 +60,11 @@ def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)
     components = server_components(cfg)
     assert components.server is not None and components.config is not None
-    if cfg.secagg:
-        run_secure(grid, context, components.server, components.config, cfg)
-    else:
-        start_grid(grid=grid, server=components.server, config=components.config)
+    counting = CountingGrid(grid)  # the wire bytes of every message, SecAgg+'s stages included
+    try:
+        if cfg.secagg:
+            run_secure(counting, context, components.server, components.config, cfg)
+        else:
+            start_grid(grid=counting, server=components.server, config=components.config)
+    finally:
+        counting.write(components.server.strategy.out_dir)  # type: ignore[attr-defined]

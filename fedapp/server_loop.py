@@ -9,11 +9,14 @@ honest `status`.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import timeit
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from logging import INFO
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import flwr.compat.common.recorddict_compat as compat
@@ -30,6 +33,7 @@ from flwr.common import (
     Parameters,
     log,
 )
+from flwr.common.serde import recorddict_to_proto
 from flwr.server import Server, ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -40,8 +44,9 @@ from flwr.server.history import History
 from flwr.server.server import evaluate_clients, fit_clients
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
-from flwr.server.workflow.default_workflows import default_evaluate_workflow, default_init_params_workflow
+from flwr.server.workflow.default_workflows import default_init_params_workflow
 from flwr.serverapp import Grid
+from flwr.supercore.run import Run
 
 from fedapp.config import RunConfig
 from fedapp.report import STAGES
@@ -214,8 +219,16 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
         legacy.state.config_records[MAIN_CONFIGS_RECORD] = round_config
         for server_round in range(done + 1, config.num_rounds + 1):
             round_config[Key.CURRENT_ROUND] = server_round
-            fit(grid, legacy)
-            default_evaluate_workflow(grid, legacy)
+            if getattr(strategy, "secure_round", lambda _: True)(server_round):
+                fit(grid, legacy)
+            else:  # a message that is not a sum (e.g. gFedNTM's term lists): the plain exchange
+                plain_fit(legacy, server_round, config.round_timeout)
+            # evaluation is not SecAgg+'s: our batched exchange, where a client's error is a failure
+            # (Flower's default evaluate workflow stops the run on the first error reply)
+            server.parameters = compat.arrayrecord_to_parameters(
+                legacy.state.array_records[MAIN_PARAMS_RECORD], True
+            )
+            server.evaluate_round(server_round, config.round_timeout)
             strategy.round_done(server_round)
             if strategy.done:
                 break
@@ -227,6 +240,20 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
         stop.set()
         thread.join()
     strategy.finalize()
+
+
+def plain_fit(legacy: LegacyContext, server_round: int, timeout: float | None) -> None:
+    """One fit round without SecAgg+ inside a secure run, for a strategy whose `secure_round` says its
+    message cannot be a sum; the global parameters live in the workflow's state, as SecAgg+'s do."""
+    strategy = legacy.strategy
+    parameters = compat.arrayrecord_to_parameters(legacy.state.array_records[MAIN_PARAMS_RECORD], True)
+    instructions = strategy.configure_fit(server_round, parameters, legacy.client_manager)
+    if not instructions:
+        return
+    results, failures = exchange(instructions, server_round, timeout)
+    aggregated, _ = strategy.aggregate_fit(server_round, results, failures)  # type: ignore[arg-type]
+    if aggregated is not None:
+        legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(aggregated, True)
 
 
 # ------------------------------------------------------------------------------------ batched exchange
@@ -297,3 +324,76 @@ def exchange(
         else:
             failures.append(RuntimeError(f"client status {res.status.code.name}: {res.status.message}"))
     return results, failures
+
+
+# ------------------------------------------------------------------------------------------- wire bytes
+WIRE_BYTES_FILE = "wire_bytes.json"
+
+
+class CountingGrid(Grid):
+    """A Grid that counts the serialised bytes of every message it carries, per round and message type.
+
+    The strategies' ledger counts the arrays they send and receive; under SecAgg+ the real traffic is
+    different (key set-up, shares, masked integer vectors), so both runs are measured here the same way:
+    the protobuf size of each message's content, as the SuperLink stores it.
+    """
+
+    def __init__(self, inner: Grid) -> None:
+        self.inner = inner
+        self.down: Counter[tuple[str, str]] = Counter()  # (group id, message type) -> bytes to clients
+        self.up: Counter[tuple[str, str]] = Counter()
+        self.messages: Counter[tuple[str, str]] = Counter()  # messages sent
+
+    def set_run(self, run: Run) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.inner.run
+
+    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
+        return self.inner.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.inner.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = self._count(self.down, messages, sent=True)
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._count(self.up, self.inner.pull_messages(message_ids))
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        messages = self._count(self.down, messages, sent=True)
+        return self._count(self.up, self.inner.send_and_receive(messages, timeout=timeout))
+
+    def _count(
+        self, counter: Counter[tuple[str, str]], messages: Iterable[Message], sent: bool = False
+    ) -> list[Message]:
+        messages = list(messages)
+        for message in messages:
+            key = (message.metadata.group_id, message.metadata.message_type)
+            if message.has_content():  # an error reply carries none
+                counter[key] += recorddict_to_proto(message.content).ByteSize()
+            if sent:
+                self.messages[key] += 1
+        return messages
+
+    def per_round(self) -> dict[str, dict[str, dict[str, int]]]:
+        """{round: {message type: {"up": bytes, "down": bytes, "messages": n}}} (round "0": the report)."""
+        table: dict[str, dict[str, dict[str, int]]] = {}
+        for key in sorted(set(self.down) | set(self.up)):
+            group, kind = key
+            table.setdefault(group, {})[kind] = {
+                "up": self.up[key],
+                "down": self.down[key],
+                "messages": self.messages[key],
+            }
+        return dict(sorted(table.items(), key=lambda item: int(item[0]) if item[0].isdigit() else -1))
+
+    def write(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / WIRE_BYTES_FILE).write_text(json.dumps(self.per_round(), indent=1))

@@ -2,12 +2,16 @@
 floor for the same payload (`bench-echo`: clients echo as many bytes, the server does no maths).
 
     python -m simulation.bench_rounds [--methods ffcm cefmc] [--rounds 20] [--no-deploy] [--scale]
+    python -m simulation.bench_rounds --secagg [--methods ffcm fstc ccfc gfedntm] [--rounds 8]
 
 Each cell is the median `round_s` of rounds >= 2 in the run's summary.json (round 1 pays for start-up:
 Ray actors, the first ClientApp processes, data loading), measured by the strategy from the start of
 `configure_fit` to the end of the round's evaluation. Every run is a separate process; the peak memory is
 the largest sum of RSS over that process and every process carrying its run token, sampled every 0.5 s.
 `--scale`: k-FED and FFCM on MNIST with 100 clients in one Ray simulation, and 1,000 clients in-process.
+`--secagg`: each method that supports SecAgg+ on small data in Ray simulation, plain and under SecAgg+
+(`secagg=true`): seconds per training round and the bytes every fit message carries on the wire
+(`wire_bytes.json`: protobuf size of each message's content, SecAgg+'s key set-up and shares included).
 """
 
 from __future__ import annotations
@@ -32,6 +36,50 @@ CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
     "ffcm": ("digits", 10, {"ffcm.delta": 0.0}),
     "cefmc": ("bdgp", 3, {"cefmc.delta": 0.0}),
     "fedcmv": ("hw", 6, {"fedcmv.delta": 0.0}),
+}
+
+
+# SecAgg+ cost: method -> (dataset, clients, keys for both runs, extra rounds under SecAgg+); both runs
+# use a sum-based initialisation where the method has one, so they take the same path
+SECAGG_CASES: dict[str, tuple[str, int, dict[str, Any], int]] = {
+    "ffcm": ("digits", 3, {"ffcm.delta": 0.0, "ffcm.init": "moments"}, 0),
+    "fstc": (
+        "texts-demo",
+        3,
+        {
+            "fstc.init": "moments",
+            "fstc.local-iters": 10,
+            "fstc.batch-size": 50,
+            "fstc.warmup-iters": 5,
+            "secagg-clip": 2.0,
+            "secagg-max-weight": 250.0,
+        },
+        0,
+    ),
+    "ccfc": (
+        "digits",
+        3,
+        {
+            "ccfc.pretrain-rounds": 2,
+            "ccfc.batch-size": 32,
+            "ccfc.local-steps": 2,
+            "ccfc.kmeans-samples": 200,
+            "secagg-clip": 64.0,
+        },
+        0,
+    ),
+    "gfedntm": (
+        "synthetic-lda-tiny",
+        3,
+        {
+            "partition": "by-group",
+            "gfedntm.topics": 10,
+            "gfedntm.batch-size": 30,
+            "secagg-clip": 1000.0,
+            "secagg-max-weight": 100.0,
+        },
+        1,  # the term lists take a round of their own
+    ),
 }
 
 
@@ -99,7 +147,7 @@ def _measure(command: list[str], out: Path) -> Measured:
 def _set_args(keys: dict[str, Any]) -> list[str]:
     args = []
     for key, value in keys.items():
-        args += ["--set", f"{key}={json.dumps(value) if isinstance(value, str) else value}"]
+        args += ["--set", f"{key}={json.dumps(value) if isinstance(value, str | bool) else value}"]
     return args
 
 
@@ -125,6 +173,49 @@ def payload_floats(summary: dict[str, Any], clients: int) -> tuple[int, int]:
     return max(int(up), 1), max(int(down), 1)
 
 
+def training_rounds(summary: dict[str, Any], first: int) -> list[int]:
+    """Rounds `first` .. the second-to-last: steady training rounds (the last one carries the final
+    evaluation and report, round 1 the start-up)."""
+    return [r for r in range(first, int(summary["rounds"]))]
+
+
+def secagg_row(method: str, rounds: int, root: Path) -> dict[str, Any]:
+    """One method plain and under SecAgg+: seconds and wire bytes per training round, metrics of both."""
+    dataset, clients, keys, extra = SECAGG_CASES[method]
+    keys = {**keys, "eval-every": 1000}  # evaluate only after the last round: round_s is the fit
+    runs = {}
+    for secagg in (False, True):
+        name = f"{method}-{'secure' if secagg else 'plain'}"
+        command = [sys.executable, "-m", "simulation", "run", "--method", method, "--dataset", dataset]
+        command += ["--clients", str(clients), "--rounds", str(rounds + (extra if secagg else 0))]
+        command += ["--engine", "flwr", "--out", str(root / name)]
+        runs[secagg] = _measure(command + _set_args({**keys, "secagg": secagg}), root / name)
+    row: dict[str, Any] = {"method": f"{method} {dataset}", "clients": clients}
+    for secagg, run in runs.items():
+        label = "SecAgg+" if secagg else "plain"
+        summary = run.summary
+        wire = json.loads(
+            (root / f"{method}-{'secure' if secagg else 'plain'}" / "wire_bytes.json").read_text()
+        )
+        chosen = training_rounds(summary, 2 + (extra if secagg else 0))
+        seconds = [
+            summary["timing"][str(r)]["round_s"] for r in chosen if "round_s" in summary["timing"][str(r)]
+        ]
+        fit = [wire[str(r)].get("train", {}) for r in chosen if str(r) in wire]
+        row[f"{label} s/round"] = statistics.median(seconds) if seconds else None
+        row[f"{label} up kB/round"] = statistics.median(f.get("up", 0) for f in fit) / 1e3 if fit else None
+        row[f"{label} down kB/round"] = (
+            statistics.median(f.get("down", 0) for f in fit) / 1e3 if fit else None
+        )
+        row[f"{label} messages/round"] = statistics.median(f.get("messages", 0) for f in fit) if fit else None
+        row[f"{label} status"] = summary["status"]
+        headline = {
+            k: round(v, 4) for k, v in summary["metrics"].items() if k in ("acc", "nmi", "tss", "npmi")
+        }
+        row[f"{label} metrics"] = headline
+    return row
+
+
 def _fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
@@ -133,15 +224,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--methods", nargs="*", default=list(CASES))
+    parser.add_argument("--methods", nargs="*", default=None, help="default: every case of the mode")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--no-deploy", action="store_true")
     parser.add_argument("--scale", action="store_true", help="also 100 clients (Ray) and 1,000 (in-process)")
+    parser.add_argument("--secagg", action="store_true", help="SecAgg+ cost: plain vs secagg=true per method")
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="fedapp-bench-") as tmp:
         root = Path(tmp)
-        for method in args.methods:
+        cases = SECAGG_CASES if args.secagg else CASES
+        methods = args.methods or list(cases)
+        unknown = [method for method in methods if method not in cases]
+        if unknown:
+            parser.error(
+                f"no {'--secagg ' if args.secagg else ''}case for {unknown}; choose from {list(cases)}"
+            )
+        for method in methods if args.secagg else []:
+            rows.append(secagg_row(method, args.rounds, root))
+            print(json.dumps(rows[-1], default=str), flush=True)
+        for method in [] if args.secagg else methods:
             dataset, clients, keys = CASES[method]
             inproc = simulate(method, dataset, clients, args.rounds, keys, root / f"{method}-in", "inprocess")
             ray = simulate(method, dataset, clients, args.rounds, keys, root / f"{method}-ray", "flwr")

@@ -10,6 +10,10 @@ Faults: a round aggregates the clients that answered with a valid reply (FedAvg 
 them); clients that sit out (`dropout-rate`), fail, or send a reply with the wrong count, shapes, dtypes,
 fingerprint or non-finite values are left out and recorded. Without any valid reply the global model and
 centroids stay as they were.
+
+Under SecAgg+ (run-config `secagg`): the model's average (Eq. 8) is SecAgg+'s secure average; the local
+centroids are not a sum and come in the clear beside it (the server's k-means needs every client's),
+so SecAgg+ hides each client's model but not its centroids. The setup round (no arrays) runs plain.
 """
 
 from __future__ import annotations
@@ -23,23 +27,27 @@ from flwr.common import EvaluateRes, Parameters, Scalar, log, ndarrays_to_parame
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.clustering import kmeans
-from fedapp.config import RunConfig
+from fedapp.config import ConfigError, RunConfig
 from fedapp.methods.ccfc import (
     CLUSTER,
     PHASE_KEY,
     PRETRAIN,
+    SECAGG_KEY,
     SETUP,
     SHAPE_KEYS,
     WANT_CENTROIDS_KEY,
     CCFCConfig,
     phase_of,
+    secure_modes,
 )
 from fedapp.metrics import clustering_metrics, decode_table
 from fedapp.models.ccfc import initial_model
 from fedapp.protocol import ArraySpec, ReplyError
+from fedapp.secure_sum import secure_specs
 from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
+from strategies.secure import SecureSumStrategy
 
 MODEL_FILE = "global_model.npz"  # the final global model and centroids (for simulation/ccfc analyses)
 
@@ -86,7 +94,7 @@ def merge_centroids(local: list[np.ndarray], k: int, seed: int) -> np.ndarray:
     return centres.astype(np.float32)
 
 
-class CCFCStrategy(ClusteringStrategy):
+class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
     """Setup round, `pretrain-rounds` SimSiam rounds, then CCFC rounds (see fedapp.methods.ccfc)."""
 
     method = "ccfc"
@@ -111,6 +119,10 @@ class CCFCStrategy(ClusteringStrategy):
         self.centroids_round = 0  # the round whose replies produced `centroids`
         self.phases: dict[int, str] = {}
         self.client_metrics: dict[int, dict[str, dict[str, float]]] = {}  # round -> partition -> metrics
+        if cfg.secagg and not self.params.federated:
+            raise ConfigError(
+                "secagg=true: standalone CCFC (ccfc.federation=standalone) sends nothing to average"
+            )
 
     # ------------------------------------------------------------------------------------ rounds
     def phase(self, server_round: int) -> str:
@@ -138,7 +150,12 @@ class CCFCStrategy(ClusteringStrategy):
             **super().fit_config(server_round),
             PHASE_KEY: phase,
             WANT_CENTROIDS_KEY: int(self.wants_centroids(server_round)),
+            SECAGG_KEY: self.cfg.secagg,
         }
+
+    def secure_round(self, server_round: int) -> bool:
+        """Under SecAgg+, every round but the setup (it carries no arrays) goes through it."""
+        return self.phase(server_round) != SETUP
 
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
         if self.phases.get(server_round) == SETUP:
@@ -146,7 +163,12 @@ class CCFCStrategy(ClusteringStrategy):
         specs = self.schema.array_specs() if self.params.federated and self.schema else []
         if self.params.federated and self.wants_centroids(server_round):
             specs.append(ArraySpec("local-centroids", (self.k, self.params.latent_dim), "f", "float32"))
-        return specs
+        return secure_specs(specs, self.secure_modes(server_round)) if self.cfg.secagg else specs
+
+    def secure_modes(self, server_round: int) -> list[str]:
+        """`fedapp.secure_sum` modes of a reply: the model averaged, the local centroids in the clear."""
+        assert self.schema is not None
+        return secure_modes([t.dtype for t in self.schema.tensors], self.wants_centroids(server_round))
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
         if self.phases.get(server_round) == SETUP:
@@ -173,6 +195,10 @@ class CCFCStrategy(ClusteringStrategy):
         if self.params.federated:
             assert self.schema is not None
             n_state = len(self.schema)
+            if self.cfg.secagg:
+                modes = self.secure_modes(server_round)
+                dtypes = [t.dtype for t in self.schema.tensors] + [None] * (len(modes) - n_state)
+                replies = self.plain_equivalent(server_round, replies, modes, dtypes)
             self.global_state = average_models(
                 [r.arrays[:n_state] for r in replies], [r.num_examples for r in replies]
             )

@@ -10,6 +10,11 @@ Policy when clients are missing (dropout, rejected replies): Eq. 16 runs over th
 answered (a cluster none of them holds keeps its previous centre); the final model is the average of
 the models that came back, weights renormalised over them; a client that missed the round with the
 initial model gets it (and the current C̃) the first time it is asked again.
+
+Under SecAgg+ (run-config `secagg`) every message the server takes in is a secure n-weighted average
+(`fedapp.secure_sum`): round 1 draws C̃ from the federated mean and variance of the representations
+(`init = moments`), training rounds send per-cluster sums and counts over n (Eq. 16 from their totals;
+a cluster with under half a record in total keeps its C̃), and the final average is the secure one.
 """
 
 from __future__ import annotations
@@ -24,15 +29,40 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config import RunConfig
 from fedapp.fstc_math import aggregate_centres, initial_centres
-from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY, PHASE_INIT, PHASE_TRAIN, FSTCConfig
+from fedapp.methods.fstc import (
+    CENTRES_KEY,
+    FINAL_KEY,
+    INIT_KEY,
+    MODEL_KEY,
+    MOMENT_MODES,
+    PHASE_INIT,
+    PHASE_TRAIN,
+    SECAGG_KEY,
+    FSTCConfig,
+    secure_train_modes,
+)
 from fedapp.models.fstc import fstc_model
 from fedapp.privacy import WITHHELD_KEY
 from fedapp.protocol import ArraySpec, ReplyError
+from fedapp.secure_sum import secure_specs
 from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
+from strategies.ffcm import centres_from_moments
+from strategies.secure import SecureSumStrategy
+
+EMPTY_TOTAL = 0.5  # under SecAgg+ a cluster's count total is noisy: below half a record it is empty
 
 
-class FSTCStrategy(ClusteringStrategy):
+def centres_from_totals(sums: np.ndarray, counts: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """Eq. 16 from the federation's totals: C̃_k = Σ_μ n_k^(μ) C_k^(μ) / Σ_μ n_k^(μ) = (Σ sums) / (Σ counts);
+    a cluster with fewer than `EMPTY_TOTAL` records in total keeps its previous C̃_k."""
+    held = counts >= EMPTY_TOTAL
+    return aggregate_centres(
+        [sums / np.where(held, counts, 1.0)[:, None]], [np.where(held, counts, 0.0)], previous
+    )
+
+
+class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
     """See the module docstring. Variants without centre aggregation set `align = False`."""
 
     method = "fstc"
@@ -48,6 +78,7 @@ class FSTCStrategy(ClusteringStrategy):
         self.global_model: list[np.ndarray] | None = None
         self.has_model: set[int] = set()  # partitions that confirmed the initial model
         self.train_metrics: list[dict[str, float]] = []
+        self.init = "moments" if cfg.secagg else self.params.init  # under SecAgg+ the init is a sum too
         if cfg.num_rounds < 2:
             raise ValueError("FSTC needs num-rounds >= 2 (one initialisation round + training rounds)")
 
@@ -55,12 +86,10 @@ class FSTCStrategy(ClusteringStrategy):
     def fit_instructions(
         self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
     ) -> list[tuple[ClientProxy, FitIns]]:
-        config = self.fit_config(server_round)
+        config = {**self.fit_config(server_round), SECAGG_KEY: self.cfg.secagg}
         if self.centres is None:
-            return [
-                (client, FitIns(ndarrays_to_parameters([]), {**config, "phase": PHASE_INIT}))
-                for client in clients
-            ]
+            init = {"phase": PHASE_INIT, INIT_KEY: self.init}
+            return [(client, FitIns(ndarrays_to_parameters([]), {**config, **init})) for client in clients]
         config.update(phase=PHASE_TRAIN, **{FINAL_KEY: server_round >= self.cfg.num_rounds})
         instructions = []
         for client in clients:
@@ -75,24 +104,43 @@ class FSTCStrategy(ClusteringStrategy):
     # -------------------------------------------------------------------------------- replies
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
         if self.centres is None:
-            if self.params.init == "representations":
+            if self.init == "representations":
                 return [ArraySpec("representations", (None, None))]
+            if self.init == "moments":
+                return [ArraySpec("mean", (None,)), ArraySpec("mean square", (None,))]
             return [ArraySpec("centres", (None, None)), ArraySpec("counts", (None,), "i")]
         k, dim = self.centres.shape
         spec = [ArraySpec("counts", (k,), "i")]
         if self.align:
             spec.insert(0, ArraySpec("centres", (k, dim)))
-        if server_round >= self.cfg.num_rounds and self.schema is not None:
-            spec += self.schema.array_specs()
+        if self.final_round(server_round):
+            spec += self.schema.array_specs()  # type: ignore[union-attr]
+        if self.cfg.secagg:
+            return secure_specs(spec, self.secure_modes(server_round))
         return spec
+
+    def final_round(self, server_round: int) -> bool:
+        return server_round >= self.cfg.num_rounds and self.schema is not None
+
+    def secure_modes(self, server_round: int) -> list[str]:
+        """`fedapp.secure_sum` modes of this round's reply under SecAgg+."""
+        if self.centres is None:
+            return list(MOMENT_MODES)
+        dtypes = [t.dtype for t in self.schema.tensors] if self.final_round(server_round) else []  # type: ignore[union-attr]
+        return secure_train_modes(self.align, dtypes)
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         # the representation dimension is not known before the first replies
-        return consistent_replies(replies, server_round) if self.centres is None else replies
+        if self.centres is not None:
+            return replies
+        return consistent_replies(replies, server_round, axis=0 if self.init == "moments" else 1)
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
+        if self.cfg.secagg:  # one secure average for all: only the totals can be checked
+            self.check_secure(server_round, reply)
+            return
         if self.centres is None:
-            if self.params.init == "centres":
+            if self.init == "centres":
                 centres, counts = reply.arrays
                 if counts.shape[0] != centres.shape[0] or (counts < 0).any():
                     raise ReplyError(f"{centres.shape[0]} centres but counts of shape {counts.shape}")
@@ -110,13 +158,29 @@ class FSTCStrategy(ClusteringStrategy):
         if server_round >= self.cfg.num_rounds and self.schema is not None:
             self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")
 
+    def check_secure(self, server_round: int, reply: ClientReply) -> None:
+        """Under SecAgg+: the secure average of counts / n is a share of records, in [0, 1] up to noise."""
+        if self.centres is not None:
+            shares = reply.arrays[1 if self.align else 0]
+            noise = self.secure_tolerance()
+            if (shares < -noise).any() or shares.sum() > 1.0 + shares.size * noise:
+                raise ReplyError(f"secure cluster shares sum to {shares.sum():.4f}, outside [0, 1]")
+        if self.final_round(server_round):
+            self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")  # type: ignore[union-attr]
+
     # ----------------------------------------------------------------------------- aggregation
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
+        if self.cfg.secagg:
+            modes = self.secure_modes(server_round)
+            replies = self.plain_equivalent(server_round, replies, modes, self.secure_dtypes(server_round))
         if self.centres is None:
             return self.initialise(replies)
         self.has_model.update(reply.partition_id for reply in replies)
         self.record_training(server_round, replies)
-        if self.align:
+        if self.align and self.cfg.secagg:  # the replies hold Σ sums and Σ counts split by n_i
+            sums, counts = (np.sum([r.arrays[i] for r in replies], axis=0) for i in (0, 1))
+            self.centres = centres_from_totals(sums, counts, self.centres)  # Eq. 16
+        elif self.align:
             self.centres = aggregate_centres(
                 [r.arrays[0] for r in replies], [r.arrays[1] for r in replies], self.centres
             )  # Eq. 16
@@ -131,13 +195,25 @@ class FSTCStrategy(ClusteringStrategy):
         log(INFO, "FSTC: global model = average of %d client models (Alg. 2 line 12)", len(replies))
         return ndarrays_to_parameters(self.global_model)
 
+    def secure_dtypes(self, server_round: int) -> list[str | None]:
+        """Dtypes the secure average is cast back to: float64 sums, the model's own dtypes."""
+        modes = self.secure_modes(server_round)
+        model = [t.dtype for t in self.schema.tensors] if self.final_round(server_round) else []  # type: ignore[union-attr]
+        return [None] * (len(modes) - len(model)) + model
+
     def initialise(self, replies: list[ClientReply]) -> Parameters:
         assert self.k is not None  # _validated rejects every reply while k is unknown
-        if self.params.init == "representations":
-            points, weights = [r.arrays[0] for r in replies], None
+        weights: list[np.ndarray] | None = None
+        if self.init == "moments":  # a sum (SecAgg+): K seeded draws from the federated mean and variance
+            sizes = [r.num_examples for r in replies]
+            mean = np.average([r.arrays[0] for r in replies], axis=0, weights=sizes)
+            mean_square = np.average([r.arrays[1] for r in replies], axis=0, weights=sizes)
+            self.centres = centres_from_moments(mean, mean_square, self.k, self.cfg.seed)
         else:
-            points, weights = [r.arrays[0] for r in replies], [r.arrays[1] for r in replies]
-        self.centres = initial_centres(points, weights, self.k, self.cfg.seed)
+            points = [r.arrays[0] for r in replies]
+            if self.init == "centres":
+                weights = [r.arrays[1] for r in replies]
+            self.centres = initial_centres(points, weights, self.k, self.cfg.seed)
         with torch.random.fork_rng(devices=[]):  # Alg. 2 line 1: one initial model for every client
             torch.manual_seed(self.cfg.seed)
             model = fstc_model(self.params, self.k, self.centres.shape[1], self.cfg.embedding_model, "cpu")
@@ -148,7 +224,9 @@ class FSTCStrategy(ClusteringStrategy):
             "FSTC: %d initial centres from %d clients' %s",
             self.k,
             len(replies),
-            "representations" if weights is None else "local k-means centres",
+            {"representations": "representations", "moments": "representation moments"}.get(
+                self.init, "local k-means centres"
+            ),
         )
         return ndarrays_to_parameters([self.centres])
 
@@ -179,7 +257,8 @@ class FSTCStrategy(ClusteringStrategy):
             "fstc": {
                 "encoder": self.params.encoder,
                 "embedding_model": self.cfg.embedding_model,
-                "init": self.params.init,
+                "init": self.init,
+                "secagg": self.cfg.secagg,
                 "align": self.align,
                 "train_per_round": self.train_metrics,
             }

@@ -14,6 +14,11 @@ out a step skips that batch for the epoch (batches are a function of the global 
 `fedapp.ntm.EpochSplit`), so every client stays on the same epoch boundaries. A round without any valid
 reply takes no step and is retried with the same batches. The vocabulary round is never thinned by
 `dropout-rate`: the consensus needs every client's terms.
+
+Under SecAgg+ (run-config `secagg`): round 1 collects the term lists in the clear (`terms`, a plain
+round inside the secure run: `secure_round`), round 2 their document frequencies over the union as a
+secure sum (rounded to integers: the same V as the plain merge), and every training reply is a secure
+n-weighted average, which is Eq. 2 itself. The training budget counts the rounds after the consensus.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ from fedapp.methods.gfedntm import (
     DIVERSITY_TOP_WORDS,
     NPMI_TOP_WORDS,
     PHASE_COOCCURRENCE,
+    PHASE_TERMS,
     PHASE_TRAIN,
     PHASE_VOCABULARY,
+    SECAGG_KEY,
     GFedNTMConfig,
 )
 from fedapp.ntm import (
@@ -61,6 +68,7 @@ from fedapp.ntm import (
     top_words,
 )
 from fedapp.protocol import ArraySpec, ReplyError, decode_array
+from fedapp.secure_sum import SUM, model_modes, secure_specs
 from fedapp.topic_metrics import (
     document_similarity_score,
     npmi_from_cooccurrence,
@@ -80,6 +88,7 @@ from fedapp.torch_glue import (
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
 from strategies.roster import FederationError
+from strategies.secure import SecureSumStrategy
 
 
 def weighted_gradient(gradients: list[list[np.ndarray]], batch_sizes: list[int]) -> list[np.ndarray]:
@@ -158,7 +167,7 @@ def summed_cooccurrences(
     return total, documents
 
 
-class GFedNTMStrategy(ClusteringStrategy):
+class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
     """See the module docstring; hooks read top to bottom: configure -> validate -> aggregate -> evaluate."""
 
     method = "gfedntm"
@@ -172,6 +181,7 @@ class GFedNTMStrategy(ClusteringStrategy):
         "has_vocabulary",
         "last_loss",
         "step_seconds",
+        "candidates",
     )  # W and the server optimizer: `state_dict`
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -193,6 +203,7 @@ class GFedNTMStrategy(ClusteringStrategy):
         self.last_loss = float("nan")
         self.step_seconds: list[float] = []  # wall seconds of each training round (fit -> aggregate)
         self._pending: dict[str, float] = {}  # server-side metrics waiting for the clients' NPMI counts
+        self.candidates: tuple[str, ...] | None = None  # SecAgg+: the union of the clients' term lists
 
     @property
     def training(self) -> bool:
@@ -226,10 +237,20 @@ class GFedNTMStrategy(ClusteringStrategy):
     def needs_every_client(self, server_round: int) -> bool:
         return not self.training  # the consensus needs every client's terms
 
+    def secure_round(self, server_round: int) -> bool:
+        """Whether this round's replies go through SecAgg+: all but the term lists (not a sum)."""
+        return self.vocabulary_phase() != PHASE_TERMS
+
+    def vocabulary_phase(self) -> str | None:
+        """`terms` / `vocabulary` until the consensus, None once training."""
+        if self.training:
+            return None
+        return PHASE_TERMS if self.cfg.secagg and self.candidates is None else PHASE_VOCABULARY
+
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
-        config = super().fit_config(server_round)
+        config = {**super().fit_config(server_round), SECAGG_KEY: self.cfg.secagg}
         if not self.training:
-            return {**config, "phase": PHASE_VOCABULARY}
+            return {**config, "phase": self.vocabulary_phase()}  # type: ignore[dict-item]
         return {
             **config,
             "phase": PHASE_TRAIN,
@@ -243,7 +264,8 @@ class GFedNTMStrategy(ClusteringStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         config = self.fit_config(server_round)
         if not self.training:
-            return [(client, FitIns(ndarrays_to_parameters([]), config)) for client in clients]
+            union = [np.array(self.candidates, dtype=np.str_)] if self.candidates is not None else []
+            return [(client, FitIns(ndarrays_to_parameters(union), config)) for client in clients]
         assert self.model is not None and self.vocabulary is not None
         state = state_arrays(self.model)
         plain = FitIns(ndarrays_to_parameters(state), config)
@@ -255,11 +277,25 @@ class GFedNTMStrategy(ClusteringStrategy):
 
     # -------------------------------------------------------------------------------- validate
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
-        if not self.training:
+        phase = self.vocabulary_phase()
+        if phase == PHASE_TERMS:
+            return [ArraySpec("terms", (None,), "U")]
+        if phase == PHASE_VOCABULARY and self.cfg.secagg:
+            return [ArraySpec("document-frequency shares", (len(self.candidates or ()),))]
+        if phase == PHASE_VOCABULARY:
             return [ArraySpec("terms", (None,), "U"), ArraySpec("document-frequencies", (None,), "i")]
+        specs = self.state_specs()
+        return secure_specs(specs, self.secure_modes()) if self.cfg.secagg else specs
+
+    def state_specs(self) -> list[ArraySpec]:
+        """A training reply: the update (gradient or parameters), then the BatchNorm buffers."""
         assert self.model is not None
         update = state_schema(self.model, "trainable").array_specs()
         return [*update, *state_schema(self.model, "buffers").array_specs()]
+
+    def secure_modes(self) -> list[str]:
+        """`fedapp.secure_sum` modes of a training reply: floats averaged, integer buffers in the clear."""
+        return model_modes([spec.dtype or "float64" for spec in self.state_specs()])
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         if self.training:
@@ -268,6 +304,17 @@ class GFedNTMStrategy(ClusteringStrategy):
         return keep_modal(replies, server_round, lambda reply: int(reply.metrics[dim]), dim)
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
+        phase = self.vocabulary_phase()
+        if phase == PHASE_TERMS:
+            terms = reply.arrays[0]
+            if len(np.unique(terms)) != len(terms) or (terms == "").any():
+                raise ReplyError("the term list has duplicate or empty terms")
+            return
+        if phase == PHASE_VOCABULARY and self.cfg.secagg:  # the secure mean of df / n: shares in [0, 1]
+            shares, noise = reply.arrays[0], self.secure_tolerance()
+            if (shares < -noise).any() or (shares > 1.0 + noise).any():
+                raise ReplyError("secure document-frequency shares outside [0, 1]")
+            return
         if not self.training:
             try:
                 DocumentFrequencies.from_arrays(*reply.arrays, reply.num_examples)
@@ -296,15 +343,38 @@ class GFedNTMStrategy(ClusteringStrategy):
 
     # ------------------------------------------------------------------------------- aggregate
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
-        if not self.training:
-            return self.vocabulary_consensus(replies)
+        phase = self.vocabulary_phase()
+        if phase == PHASE_TERMS:
+            self.candidates = tuple(sorted({str(term) for reply in replies for term in reply.arrays[0]}))
+            log(INFO, "gFedNTM: %d candidate terms from %d clients", len(self.candidates), len(replies))
+            return ndarrays_to_parameters([])
+        if phase == PHASE_VOCABULARY and self.cfg.secagg:
+            return self.vocabulary_consensus(
+                server_round, replies, self.secure_frequencies(server_round, replies)
+            )
+        if phase == PHASE_VOCABULARY:
+            merged = merge_document_frequencies(
+                DocumentFrequencies.from_arrays(*reply.arrays, reply.num_examples) for reply in replies
+            )
+            return self.vocabulary_consensus(server_round, replies, merged)
+        if self.cfg.secagg:
+            dtypes = [spec.dtype for spec in self.state_specs()]
+            replies = self.plain_equivalent(server_round, replies, self.secure_modes(), dtypes)
         return self.training_step(server_round, replies)
 
-    def vocabulary_consensus(self, replies: list[ClientReply]) -> Parameters:
+    def secure_frequencies(self, server_round: int, replies: list[ClientReply]) -> DocumentFrequencies:
+        """The union's document frequencies from SecAgg+'s total, rounded (its error is far below 0.5)."""
+        assert self.candidates is not None
+        shares = self.plain_equivalent(server_round, replies, [SUM], [None])
+        totals = np.rint(np.sum([reply.arrays[0] for reply in shares], axis=0)).astype(np.int64)
+        n_documents = sum(reply.num_examples for reply in replies)
+        counts = {term: int(c) for term, c in zip(self.candidates, totals, strict=True) if c > 0}
+        return DocumentFrequencies(counts, n_documents)
+
+    def vocabulary_consensus(
+        self, server_round: int, replies: list[ClientReply], merged: DocumentFrequencies
+    ) -> Parameters:
         """Alg. 1 lines 2-6: V = merge(V_l) with optional min-df / max-df / max-features; W^(0)."""
-        merged = merge_document_frequencies(
-            DocumentFrequencies.from_arrays(*reply.arrays, reply.num_examples) for reply in replies
-        )
         params = self.params
         self.vocabulary = select_vocabulary(
             merged, min_df=params.min_df, max_df=params.max_df, max_features=params.max_features or None
@@ -321,7 +391,7 @@ class GFedNTMStrategy(ClusteringStrategy):
         wanted = params.epochs * self.steps_per_epoch
         if params.max_steps:
             wanted = min(wanted, params.max_steps)
-        rounds_left = (self.cfg.num_rounds - 1) * params.local_steps
+        rounds_left = (self.cfg.num_rounds - server_round) * params.local_steps
         self.total_steps = min(wanted, rounds_left)
         log(
             INFO,
@@ -335,10 +405,10 @@ class GFedNTMStrategy(ClusteringStrategy):
             "as configured"
             if self.total_steps == wanted
             else f"capped by num-rounds={self.cfg.num_rounds}; {wanted} wanted: set num-rounds >= "
-            f"{1 + -(-wanted // params.local_steps)}",
+            f"{server_round + -(-wanted // params.local_steps)}",
         )
         if self.total_steps == 0:
-            self.finished, self.stop_reason = True, "no training round left (num-rounds = 1)"
+            self.finished, self.stop_reason = True, f"no training round left (num-rounds = {server_round})"
         return ndarrays_to_parameters(state_arrays(self.model))
 
     def training_step(self, server_round: int, replies: list[ClientReply]) -> Parameters:

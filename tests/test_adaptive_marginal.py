@@ -1,4 +1,4 @@
-"""`fstc.marginal = adaptive`: unbalanced OT lets the pseudo-labels' cluster shares follow the data."""
+"""`fstc.marginal = adaptive | self-adaptive`: the pseudo-labels' cluster shares follow the data."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedapp.config import ConfigError, parse_run_config
-from fedapp.fstc_math import pseudo_labels, sinkhorn_log_plan
+from fedapp.fstc_math import pseudo_labels, self_adaptive_shares, sinkhorn_log_plan
 from fedapp.methods.fstc import FSTCConfig
 
 TRUE_SHARES = torch.tensor([0.6, 0.3, 0.1])
@@ -28,6 +28,42 @@ def test_adaptive_pseudo_labels_recover_skewed_shares_and_uniform_ones_do_not() 
     assert (uniform.argmax(1).bincount(minlength=3) / len(scores) - TRUE_SHARES).abs().max() > 0.05
 
 
+def test_self_adaptive_pseudo_labels_recover_skewed_shares_with_rows_met() -> None:
+    scores = _skewed_scores()
+    labels, result = pseudo_labels(scores, 0.1, marginal_barrier=1e-3)
+    assert (labels.argmax(1).bincount(minlength=3) / len(scores) - TRUE_SHARES).abs().max() <= 0.05
+    assert result.marginal_error <= 1e-6 and result.iterations < 1000  # the damped share step converges
+
+
+def test_self_adaptive_shares_keep_every_one_of_a_hundred_long_tailed_clusters() -> None:
+    k, n = 100, 2000
+    shares = 50.0 ** (-torch.arange(k) / (k - 1))
+    shares /= shares.sum()
+    generator = torch.Generator().manual_seed(1)
+    labels = torch.multinomial(shares, n, replacement=True, generator=generator)
+    scores = torch.randn(n, k, generator=generator)
+    scores[torch.arange(n), labels] += 4.0
+    self_adaptive, _ = pseudo_labels(scores, 0.1, marginal_barrier=1e-3)
+    uniform, _ = pseudo_labels(scores, 0.1)
+    error = (self_adaptive.argmax(1).bincount(minlength=k) / n - shares).abs().max()
+    assert error < (uniform.argmax(1).bincount(minlength=k) / n - shares).abs().max()
+    assert self_adaptive.argmax(1).bincount(minlength=k).min() > 0
+
+
+def test_self_adaptive_shares_solve_the_stationarity_condition() -> None:
+    potentials = torch.randn(7, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    barrier = 1e-2
+    b = self_adaptive_shares(potentials, barrier)
+    assert abs(float(b.sum()) - 1) < 1e-12 and bool((b > 0).all())
+    # c (1/b - 1/(1-b)) + g is the same constant h for every cluster
+    h = potentials - barrier * (1 / b - 1 / (1 - b))
+    assert float(h.max() - h.min()) < 1e-6
+    with pytest.raises(ValueError, match="pass one"):
+        sinkhorn_log_plan(
+            torch.log_softmax(potentials[None, :], 1), 0.1, marginal_strength=1, marginal_barrier=1
+        )
+
+
 def test_a_strong_marginal_is_the_papers_equal_split() -> None:
     log_probs = torch.log_softmax(_skewed_scores(), dim=1)
     exact = sinkhorn_log_plan(log_probs, 0.1, max_iters=3000)
@@ -39,8 +75,8 @@ def test_a_strong_marginal_is_the_papers_equal_split() -> None:
 
 
 def test_the_marginal_keys_parse_and_uniform_stays_the_default() -> None:
-    cfg = parse_run_config({"method": "fstc", "dataset": "texts-demo", "fstc.marginal": "adaptive"})
-    assert cfg.params(FSTCConfig).marginal == "adaptive" and FSTCConfig().marginal == "uniform"
+    cfg = parse_run_config({"method": "fstc", "dataset": "texts-demo", "fstc.marginal": "self-adaptive"})
+    assert cfg.params(FSTCConfig).marginal == "self-adaptive" and FSTCConfig().marginal == "uniform"
     with pytest.raises(ConfigError, match="'fstc.marginal' must be one of 'uniform', 'adaptive'"):
         parse_run_config({"method": "fstc", "dataset": "texts-demo", "fstc.marginal": "learned"})
 

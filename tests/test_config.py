@@ -227,7 +227,9 @@ def test_parse_set_options_rejects_malformed_items(item: str) -> None:
 
 def test_secagg_only_for_methods_that_sum() -> None:
     with pytest.raises(
-        ConfigError, match="method 'kfed' does not aggregate sums; SecAgg\\+ works with \\['ffcm'\\]"
+        ConfigError,
+        match="method 'kfed' does not aggregate sums; SecAgg\\+ works with "
+        "\\['ccfc', 'ffcm', 'fstc', 'gfedntm'\\]",
     ):
         parse_run_config({"method": "kfed", "secagg": True})
     assert parse_run_config({"method": "ffcm", "secagg": True}).secagg

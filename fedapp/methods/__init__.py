@@ -87,6 +87,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("images",),
             config=CCFCConfig,
             torch_model=True,
+            secagg=True,
         ),
         MethodSpec(
             "cefmc",
@@ -138,6 +139,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("bow", "texts"),
             config=GFedNTMConfig,
             torch_model=True,
+            secagg=True,
             own_k=True,
         ),
         MethodSpec(
@@ -156,6 +158,7 @@ METHODS: dict[str, MethodSpec] = {
             config=FSTCConfig,
             default_rounds=41,
             torch_model=True,
+            secagg=True,
         ),
         MethodSpec(
             "fstc-rstc",

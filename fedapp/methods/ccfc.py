@@ -8,6 +8,11 @@ Round schedule (`server-round` r, P = `pretrain-rounds`):
   + lambda * model-contrastive term.
 - r > P + 1, ``cluster``: CCFC proper, Eq. 1-8 (pseudo-labels from the global model and centroids).
 So `num-rounds` = 1 + P + (CCFC rounds): the paper's 100 + 30 is num-rounds = 131.
+
+Under SecAgg+ (run-config `secagg`, `fedapp.secure_sum`) the model (Eq. 8's FedAvg: an n-weighted
+average) goes through SecAgg+; the local centroids cannot (the server's k-means needs each client's, not
+their sum) and travel in the clear beside it, as do BatchNorm's integer batch counters. The setup round
+carries no arrays and runs as a plain round.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config_keys import ConfigSection, config_key
+from fedapp.secure_sum import CLEAR, model_modes
 
 BACKBONES = ("auto", "conv", "conv-small", "resnet18")
 
 # fit config keys (server -> client)
 PHASE_KEY = "phase"
 WANT_CENTROIDS_KEY = "local-centroids"  # 1: reply with k local centroids after training
+SECAGG_KEY = "secagg"  # True: the reply goes through SecAgg+ (model averaged, centroids in the clear)
 SETUP, PRETRAIN, CLUSTER = "setup", "pretrain", "cluster"
 PHASES = (SETUP, PRETRAIN, CLUSTER)
 # metrics keys (client -> server) of the setup reply
@@ -118,3 +125,8 @@ def phase_of(server_round: int, pretrain_rounds: int) -> str:
     if server_round <= 1:
         return SETUP
     return PRETRAIN if server_round <= pretrain_rounds + 1 else CLUSTER
+
+
+def secure_modes(model_dtypes: list[str], with_centroids: bool) -> list[str]:
+    """`fedapp.secure_sum` modes of a training reply: the model averaged, local centroids in the clear."""
+    return model_modes(model_dtypes) + ([CLEAR] if with_centroids else [])

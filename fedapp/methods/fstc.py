@@ -12,16 +12,23 @@ Shared by the FSTC-STC / FSTC-RSTC ablations (they run with FSTC's own keys). Th
   sizes n^(μ) (K); the server applies Eq. 16.
 - the last round's reply also carries the client's model; the server averages them weighted by
   sample count (Alg. 2 line 12) and the clients are evaluated with that global model (argmax O).
+
+Under SecAgg+ (run-config `secagg`) the server sees only sums: round 1 uses `init = "moments"` (the
+clients' mean and mean square of their representations; the server draws K seeded initial centres from
+them), and a training reply carries the per-cluster sums sum_i E_i and counts n_k divided by n (Eq. 16
+needs only their totals) and, in the last round, the model (its n-weighted average is Alg. 2 line 12).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedapp.config_keys import ConfigError, ConfigSection, config_key
+from fedapp.secure_sum import MEAN, SUM, model_modes
 
 ENCODER_MODES = ("frozen", "fine-tune")
-INIT_MODES = ("centres", "representations")
+INIT_MODES = ("centres", "representations", "moments")
 LOSS_TARGETS = ("scores", "softmax")
 RESIDUAL_TARGETS = ("loss-on", *LOSS_TARGETS)
 AUGMENTATIONS = ("none", "pairs")
@@ -32,6 +39,14 @@ PHASE_TRAIN = "train"
 FINAL_KEY = "final"  # fit config: True in the last round, where clients also send their model
 CENTRES_KEY = "with-centres"  # fit config: the parameters start with the global centres C̃ (K x D)
 MODEL_KEY = "with-model"  # fit config: the initial model follows in the parameters (first round of a client)
+INIT_KEY = "init"  # fit config of round 1: the initialisation the server asks for (moments under SecAgg+)
+SECAGG_KEY = "secagg"  # fit config: True when the reply goes through SecAgg+ (`fedapp.secure_sum`)
+MOMENT_MODES = (MEAN, MEAN)  # round 1 under SecAgg+: mean and mean square, each an n-weighted average
+
+
+def secure_train_modes(align: bool, model_dtypes: Sequence[str]) -> list[str]:
+    """SecAgg+ modes of a training reply: per-cluster sums (with alignment) and counts, then the model."""
+    return [SUM] * (2 if align else 1) + model_modes(model_dtypes)
 
 
 @dataclass(frozen=True)
@@ -51,12 +66,16 @@ class FSTCConfig(ConfigSection):
     epsilon: float = config_key(0.1, gt=0.0, doc="entropic regularisation of the Sinkhorn OT (Eq. 2)")
     marginal: str = config_key(
         "uniform",
-        choices=("uniform", "adaptive"),
+        choices=("uniform", "adaptive", "self-adaptive"),
         doc="pseudo-labels' cluster shares: uniform = Eq. 2's equal split (the paper's); adaptive = "
-        "unbalanced OT that follows the client's own shares (imbalanced or label-skewed data)",
+        "unbalanced OT that follows the client's own shares; self-adaptive = RSTC's learned shares with a "
+        "barrier against empty clusters (imbalanced or label-skewed data)",
     )
     marginal_strength: float = config_key(
         0.01, gt=0.0, doc="adaptive marginal: KL weight tau pulling the shares toward equal (larger: closer)"
+    )
+    marginal_barrier: float = config_key(
+        0.001, gt=0.0, doc="self-adaptive marginal: weight c of the barrier -c sum log b(1-b) (RSTC: 0.001)"
     )
     local_iters: int = config_key(100, ge=1, doc="local iterations per round (Alg. 3)")
     batch_size: int = config_key(200, ge=1, doc="local mini-batch size N (the paper's 200)")
@@ -115,7 +134,8 @@ class FSTCConfig(ConfigSection):
     init: str = config_key(
         "centres",
         choices=INIT_MODES,
-        doc="centres: local k-means centres + counts (private); representations: the paper's, per-sample",
+        doc="centres: local k-means centres + counts (private); representations: the paper's, per-sample; "
+        "moments: mean + variance, K seeded draws (a sum: the only option with secagg)",
     )
     init_local_k: int = config_key(0, ge=0, doc="local k-means centres per client in init=centres; 0 = 2K")
 

@@ -12,6 +12,12 @@ Protocol (`phase` in every FitIns config):
   parameters (`exchange = parameters`), then its BatchNorm buffers, and `num_examples` = documents used.
 - evaluation (`phase = cooccurrence`): the server sends the top words of every topic; the client returns
   per-topic document co-occurrence counts of those words (for NPMI), never a document.
+
+Under SecAgg+ (run-config `secagg`, `fedapp.secure_sum`) the vocabulary takes two rounds: `terms` (in
+the clear, not a sum: which terms occur at the client, no counts) and `vocabulary` (the server sends the
+union; the client's document frequencies over it, divided by n, go through SecAgg+, so the server learns
+only their totals). Training replies (gradients or parameters, float buffers) are n-weighted averages
+already; integer buffers (`num_batches_tracked`) travel in the clear.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from dataclasses import dataclass
 
 from fedapp.config_keys import ConfigError, ConfigSection, config_key
 
+PHASE_TERMS = "terms"  # under SecAgg+ only: the term lists, before their frequencies go through SecAgg+
 PHASE_VOCABULARY = "vocabulary"
+SECAGG_KEY = "secagg"  # fit config: True when the reply goes through SecAgg+
 PHASE_TRAIN = "train"
 PHASE_COOCCURRENCE = "cooccurrence"
 MODELS = ("prodlda", "combinedtm")

@@ -1,0 +1,78 @@
+"""The real-data-shapes table of `simulation/fstc/skew.toml`: one row per setting, FSTC's variants beside
+FSBERT k-FED, and the default's rule (no more than 1 NMI below FSBERT k-FED) checked per row.
+
+Reads whatever runs have finished under the experiment's output root (any seeds, possibly fewer than the
+file's), so a sweep that is still going can be tabulated; each cell says how many seeds it holds.
+
+    python -m simulation.fstc.skew_table results/fstc-skew
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from simulation.experiments import load_experiment, run_dir
+
+EXPERIMENT = Path(__file__).with_name("skew.toml")
+BASELINE = "FSBERT k-FED"
+DEFAULT = "FSTC uniform"
+RULE_NMI = 1.0  # the default may trail the one-shot baseline by at most this much NMI
+
+
+def collect(out_root: Path) -> dict[str, dict[str, list[dict[str, float]]]]:
+    """setting -> variant -> [{'acc', 'nmi'} in percent, one per finished seed]."""
+    experiment = load_experiment(EXPERIMENT)
+    table: dict[str, dict[str, list[dict[str, float]]]] = defaultdict(dict)
+    for spec in experiment.runs:
+        setting, _, variant = spec.label.partition(" · ")
+        runs = []
+        for seed in experiment.seeds:
+            path = run_dir(out_root, spec.label, seed) / "summary.json"
+            if path.is_file():
+                summary = json.loads(path.read_text())
+                if summary.get("status") in ("completed", "converged") and summary.get("metrics"):
+                    runs.append({m: 100 * summary["metrics"][m] for m in ("acc", "nmi")})
+        table[setting][variant] = runs
+    return table
+
+
+def cell(runs: list[dict[str, float]]) -> str:
+    if not runs:
+        return "—"
+    parts = []
+    for metric in ("acc", "nmi"):
+        values = [r[metric] for r in runs]
+        spread = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
+        parts.append(f"{statistics.fmean(values):.2f}{spread}")
+    return " / ".join(parts) + f" ({len(runs)})"
+
+
+def render(table: dict[str, dict[str, list[dict[str, float]]]]) -> str:
+    variants = list(next(iter(table.values())))
+    lines = [
+        "| setting | " + " | ".join(variants) + f" | {DEFAULT} − {BASELINE} NMI |",
+        "|---|" + "---|" * (len(variants) + 1),
+    ]
+    for setting, row in table.items():
+        gap = "—"
+        if row.get(DEFAULT) and row.get(BASELINE):
+            nmi = statistics.fmean(r["nmi"] for r in row[DEFAULT])
+            base = statistics.fmean(r["nmi"] for r in row[BASELINE])
+            gap = f"{nmi - base:+.2f}" + (" ✗" if nmi - base < -RULE_NMI else " ✓")
+        lines.append(f"| {setting} | " + " | ".join(cell(row.get(v, [])) for v in variants) + f" | {gap} |")
+    lines += ["", "Cells: ACC / NMI in percent, mean ± std over (n) seeds; — not run."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_root", type=Path, help="the experiment's --out directory")
+    print(render(collect(parser.parse_args().out_root)))
+
+
+if __name__ == "__main__":
+    main()
