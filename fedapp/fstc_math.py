@@ -363,13 +363,27 @@ def initial_centres(
 
     With local centres, the weighted k-means stands in for clustering the representations themselves;
     its centres are what Eq. 15-16 give for the resulting partition, so they also serve as the initial C̃.
+    With fewer points than k (many clusters on few clients: the privacy floor caps each client's k' at
+    n // floor), every point is a centre and the k - n others are seeded draws from the points' weighted
+    mean and variance (`padded_centres`); the strategy says so in the run's warnings.
     """
     union = np.concatenate([np.asarray(p, dtype=np.float64) for p in points])
-    if union.shape[0] < k:
-        raise ValueError(f"only {union.shape[0]} points for k={k} initial centres")
     sample_weight = None if weights is None else np.concatenate(weights).astype(np.float64)
+    if union.shape[0] < k:
+        return padded_centres(union, sample_weight, k, seed)
     centres, _ = kmeans(union, k, seed, sample_weight=sample_weight)
     return centres
+
+
+def padded_centres(points: np.ndarray, weights: np.ndarray | None, k: int, seed: int) -> np.ndarray:
+    """The n < k points and k - n seeded draws from N(weighted mean, weighted variance) per dimension."""
+    if points.shape[0] == 0:
+        raise ValueError(f"no points for k={k} initial centres")
+    w = np.ones(points.shape[0]) if weights is None else np.maximum(weights, 0.0) + 1e-12
+    mean = np.average(points, axis=0, weights=w)
+    std = np.sqrt(np.average((points - mean) ** 2, axis=0, weights=w))
+    rng = np.random.default_rng([seed, k, points.shape[0]])
+    return np.vstack([points, mean + std * rng.standard_normal((k - points.shape[0], points.shape[1]))])
 
 
 def aggregate_centres(

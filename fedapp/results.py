@@ -40,7 +40,9 @@ def mark_summary(out_dir: Path, status: str, reason: str) -> dict[str, Any] | No
 
 def status_line(summary: Mapping[str, Any]) -> str:
     """The console's last line: the status and reason, as summary.json has them."""
-    return f"status: {summary.get('status')} ({summary.get('status_reason', '')})"
+    warnings = summary.get("warnings") or []
+    noted = f"; {len(warnings)} warning{'s' * (len(warnings) > 1)} in summary.json" if warnings else ""
+    return f"status: {summary.get('status')} ({summary.get('status_reason', '')}{noted})"
 
 
 def exit_code(summary: Mapping[str, Any]) -> int:

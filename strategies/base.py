@@ -33,6 +33,7 @@ from flwr.server.strategy import Strategy
 
 from fedapp.checkpoint import checkpoint_dir, load_strategy, save_strategy
 from fedapp.config import RunConfig
+from fedapp.privacy import CLIENT_MIN_CLUSTER
 from fedapp.protocol import ReplyError
 from fedapp.results import PROGRESS_MARKER, default_out_dir
 from strategies.hooks import StrategyHooks
@@ -89,6 +90,7 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         self._final_evaluated = False
         self._empty_rounds = 0
         self._instructed: dict[int, list[str]] = {}
+        self.warnings: list[str] = []  # what degraded without failing (summary.json `warnings`)
         self._init_report()
 
     # ------------------------------------------------------------------------------ Strategy API
@@ -323,6 +325,18 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         self.write_model()
         self.write_outputs()
 
+    def warn(self, message: str) -> None:
+        """Something degraded without failing the run (a cluster that stopped moving, clusters left
+        empty): logged once and listed in summary.json, so a run never degrades silently."""
+        if message not in self.warnings:
+            self.warnings.append(message)
+            log(WARNING, "%s warning: %s", PROGRESS_MARKER, message)
+
+    @property
+    def floor_size(self) -> int:
+        """The privacy floor every client enforces at least (a node may raise its own)."""
+        return max(CLIENT_MIN_CLUSTER, self.cfg.min_cluster_size)
+
     def summary(self) -> dict[str, Any]:
         """summary.json: the run's configuration, outcome and records, and the method's own fields."""
         return {
@@ -341,6 +355,7 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
             "config": self.cfg.to_dict(),
             **self.record.summary(),
             "report": self.report,
+            "warnings": self.warnings,
             **self.extra_summary(),
         }
 

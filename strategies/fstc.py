@@ -180,10 +180,12 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         if self.align and self.cfg.secagg:  # the replies hold Σ sums and Σ counts split by n_i
             sums, counts = (np.sum([r.arrays[i] for r in replies], axis=0) for i in (0, 1))
             self.centres = centres_from_totals(sums, counts, self.centres)  # Eq. 16
+            self.note_stale_centres(server_round, counts >= EMPTY_TOTAL)
         elif self.align:
             self.centres = aggregate_centres(
                 [r.arrays[0] for r in replies], [r.arrays[1] for r in replies], self.centres
             )  # Eq. 16
+            self.note_stale_centres(server_round, np.sum([r.arrays[1] for r in replies], axis=0) > 0)
         if server_round < self.cfg.num_rounds:
             return ndarrays_to_parameters([self.centres])
         assert self.schema is not None
@@ -213,6 +215,13 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
             points = [r.arrays[0] for r in replies]
             if self.init == "centres":
                 weights = [r.arrays[1] for r in replies]
+            n_points = sum(len(p) for p in points)
+            if n_points < self.k:
+                self.warn(
+                    f"only {n_points} local centres for k={self.k} (the privacy floor of "
+                    f"{self.floor_size} records caps each client's): the other {self.k - n_points} initial "
+                    "centres are seeded draws from their mean and variance"
+                )
             self.centres = initial_centres(points, weights, self.k, self.cfg.seed)
         with torch.random.fork_rng(devices=[]):  # Alg. 2 line 1: one initial model for every client
             torch.manual_seed(self.cfg.seed)
@@ -229,6 +238,21 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
             ),
         )
         return ndarrays_to_parameters([self.centres])
+
+    def note_stale_centres(self, server_round: int, updated: np.ndarray) -> None:
+        """Count the global centres no client updated this round (Eq. 16 keeps them as they were).
+
+        With many clusters (K >= 100 on a few clients) a cluster can hold fewer records than the privacy
+        floor on every client, or none: its centre then stops moving. That is said, not hidden: the last
+        training round's count becomes a warning of the run (`warnings` in summary.json)."""
+        stale = int((~np.asarray(updated, dtype=bool)).sum())
+        if self.train_metrics and self.train_metrics[-1].get("round") == server_round:
+            self.train_metrics[-1]["stale-centres"] = float(stale)
+        if stale and server_round >= self.cfg.num_rounds:
+            self.warn(
+                f"{stale} of {len(updated)} global centres got no update in the last round: on every "
+                f"client their cluster was empty or below the privacy floor ({self.floor_size} records)"
+            )
 
     def record_training(self, server_round: int, replies: list[ClientReply]) -> None:
         """Mean of the clients' training metrics (losses, kept fraction, Sinkhorn iterations) per round."""

@@ -223,6 +223,12 @@ class ReportingStrategy:
             sizes = vertical_sizes
         self.report["cluster_sizes"] = sizes.tolist()
         self.report["withheld_records"] = withheld
+        empty = int((np.asarray(sizes) == 0).sum())
+        if empty and not self.vertical:
+            self.warn(  # type: ignore[attr-defined]
+                f"{empty} of {len(sizes)} clusters hold no record after the last round "
+                "(k may be larger than the clusters this data holds)"
+            )
         if len(score_kinds) == 1:  # what the third column of every assignments.csv means
             kind = score_kinds.pop()
             self.report["score"] = {"kind": kind, "meaning": SCORE_KINDS.get(kind, "")}

@@ -80,8 +80,11 @@ def test_initial_centres_weight_local_centres_by_their_sizes() -> None:
     points = [np.array([[0.0, 0.0], [10.0, 10.0]]), np.array([[2.0, 2.0], [12.0, 12.0]])]
     centres = initial_centres(points, [np.array([3, 1]), np.array([1, 3])], 2, seed=0)
     np.testing.assert_allclose(_sorted_rows(centres), [[0.5, 0.5], [11.5, 11.5]])
-    with pytest.raises(ValueError, match="only 4 points"):
-        initial_centres(points, None, 5, seed=0)
+    padded = initial_centres(points, None, 5, seed=0)  # fewer points than k: kept, plus a seeded draw
+    assert padded.shape == (5, 2)
+    np.testing.assert_array_equal(padded[:4], np.vstack(points))
+    with pytest.raises(ValueError, match="no points"):
+        initial_centres([np.empty((0, 2))], None, 2, seed=0)
 
 
 # ---------------------------------------------------------------------------------------- protocol
