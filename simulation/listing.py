@@ -47,6 +47,10 @@ def describe_methods(name: str | None = None) -> str:
         kind = "vertical" if spec.vertical else "horizontal" if spec.federated else "centralized"
         out.append(f"{method}  [{kind}; datasets of kind {', '.join(spec.modalities)}]")
         out.append(f"  {spec.description}")
+        if spec.when:
+            out += textwrap.wrap(
+                f"when to use it: {spec.when}", 110, initial_indent="  ", subsequent_indent="    "
+            )
         if spec.config is not None:
             shared = f" (shared with {spec.config_table})" if spec.config_table != method else ""
             out.append(f"  keys [tool.flwr.app.config.{spec.config_table}]{shared}:")
