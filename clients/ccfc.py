@@ -4,6 +4,13 @@ The maths comes first as plain torch functions; `CCFCClient` at the end is the F
 client receives the global model w^g (and, from the last pre-training round on, the k global centroids),
 replaces its weights with w^g, trains one local epoch (or `local-steps` batches) with Adam whose moments
 persist in `context.state`, and returns its weights (+ its k local centroids when the server asks).
+
+Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) the reply is one client-level Gaussian release
+per round (`private_reply`): the model delta w^l - w^g (parameters and BatchNorm running statistics) is
+clipped to `dp.model-clip`, the local centroids (rows of norm <= 1, scaled by model-clip / sqrt(k): the
+cosine assignment and the server's k-means do not change under one common scale) are a second part
+clipped alike, and both get N(0, (z * model-clip * sqrt(2))^2). The step counter goes back as received
+and the example count is 1 (the server averages with equal weights: a client's size is private too).
 """
 
 from __future__ import annotations
@@ -20,6 +27,16 @@ from torch.nn.functional import cosine_similarity, normalize, one_hot
 from clients.base import ClusteringClient
 from fedapp.clustering import kmeans
 from fedapp.datasets.augment import ViewAugmenter, contrastive_augmenter
+from fedapp.dp import (
+    RELEASES_KEY,
+    clip_rows,
+    count_releases,
+    noise_multiplier,
+    planned_releases,
+    private_update,
+    released_arrays,
+    secret_rng,
+)
 from fedapp.losses import info_nce_loss  # the sample-level term; tests import it from here
 from fedapp.methods.ccfc import (
     CLUSTER,
@@ -288,6 +305,8 @@ class CCFCClient(ClusteringClient):
                 state[OWN_CENTROIDS_KEY] = ArrayRecord({"centroids": Array(new_centroids)})
             return [], self.data.n_samples, metrics
         metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
+        if self.cfg.dp.enabled:
+            return self.private_reply(parameters, model, new_centroids, metrics)
         extra = [new_centroids] if new_centroids is not None else []
         arrays = state_arrays(model)
         if config.get(SECAGG_KEY):  # Eq. 8 through SecAgg+; the centroids are not a sum: in the clear
@@ -297,6 +316,26 @@ class CCFCClient(ClusteringClient):
             )
             return masked, self.data.n_samples, {**metrics, **secure_metrics}
         return arrays + extra, self.data.n_samples, metrics
+
+    def private_reply(
+        self,
+        parameters: NDArrays,
+        model: nn.Module,
+        centroids: np.ndarray | None,
+        metrics: dict[str, Scalar],
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """One client-level release (module docstring), counted against the plan first."""
+        dp, schema = self.cfg.dp, state_schema(model)
+        made = count_releases(self.context.state, planned_releases("ccfc", self.cfg.num_rounds, 0))
+        z = noise_multiplier(dp, "ccfc", self.cfg.num_rounds)
+        local = state_arrays(model)
+        released = released_arrays(schema.names, local, {name for name, _ in model.named_parameters()})
+        extra = None
+        if centroids is not None:
+            extra = [clip_rows(centroids, 1.0) * (dp.model_clip / np.sqrt(self.k))]
+        received = list(parameters[: len(schema)])
+        state, noisy = private_update(received, local, released, dp.model_clip, z, secret_rng(), extra)
+        return state + [a.astype(np.float32) for a in noisy], 1, {**metrics, RELEASES_KEY: made}
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         """Eq. 3 under the global model and centroids (standalone: the client's own)."""

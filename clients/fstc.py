@@ -4,6 +4,17 @@ The maths it runs (Sinkhorn pseudo-labels Eq. 2-7, the Gaussian-uniform mixture 
 Eq. 14-17, the label-update schedule) are framework-free functions in `fedapp.fstc_math`. Here:
 `LocalInputs` (a client's samples as the model takes them), `forward_all`, `LabellingState` (what
 Alg. 3 carries between iterations and rounds), `LocalUpdate` (the loop) and the `NumPyClient`s.
+
+Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) nothing the locally trained model computes
+leaves the client unclipped and unnoised. The statistics are taken in the *public* representation space
+of the initial model (built from the run seed, as the server builds it): the locally trained model
+depends on every record, so statistics of its representations would have no per-record sensitivity.
+Round 1 sends noisy (sum E, sum E*E, count) of the clipped initial representations (the moments init);
+each training round assigns every clipped representation to its nearest global centre (public: earlier
+noisy releases) and sends noisy per-cluster sums and counts (`dp_centre_statistics`). The last round's
+model goes out as the initial model plus a clipped, noised delta (`fedapp.dp.clipped_release`, multiplier
+2z: client-level on its own, a z release for one record). The privacy floor's withholding is off (the
+noise covers small clusters) and the reply's example count is 0 (a record count is private).
 """
 
 from __future__ import annotations
@@ -18,6 +29,18 @@ from flwr.common import Array, ArrayRecord, ConfigRecord, Context, NDArrays, Sca
 
 from clients.base import ClusteringClient
 from fedapp.config import RunConfig
+from fedapp.dp import (
+    RELEASES_KEY,
+    clip_rows,
+    clipped_release,
+    count_releases,
+    gaussian_mechanism,
+    moments_sensitivity,
+    noise_multiplier,
+    planned_releases,
+    secret_rng,
+    sum_count_sensitivity,
+)
 from fedapp.fstc_math import (
     GaussianUniformMixture,
     LocalCentres,
@@ -283,6 +306,29 @@ class LocalUpdate:
         return stats, updates
 
 
+# --------------------------------------------------------------------------- differential privacy
+def dp_centre_statistics(values: np.ndarray, global_centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 16's per-cluster sums and counts under DP: each (clipped, public-space) record counts once,
+    for its nearest global centre, so one record moves (sums, counts) by at most sqrt(clip^2 + 1)."""
+    nearest = np.argmin(
+        (values**2).sum(1)[:, None] - 2 * values @ global_centres.T + (global_centres**2).sum(1)[None], axis=1
+    )
+    one_hot = np.eye(global_centres.shape[0])[nearest]
+    return one_hot.T @ values, one_hot.sum(0)
+
+
+def private_model(
+    trained: list[np.ndarray], initial: list[np.ndarray], clip: float, z: float, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """The initial model plus the clipped, noised delta (Alg. 2 line 12's input under DP), in the model's
+    dtypes. FSTC's model has float tensors only."""
+    delta = [
+        np.asarray(t, np.float64) - np.asarray(i, np.float64) for t, i in zip(trained, initial, strict=True)
+    ]
+    (noisy,) = clipped_release([delta], clip, z, rng)
+    return [(i + d).astype(i.dtype) for i, d in zip(initial, noisy, strict=True)]
+
+
 # ----------------------------------------------------------------------------------- Flower glue
 STATE_MODEL, STATE_OPTIMIZER, STATE_CURSOR, STATE_RNG = (
     "fstc.model",
@@ -356,6 +402,8 @@ class FSTCClient(ClusteringClient):
     # ------------------------------------------------------------------------------------- fit
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         with one_blas_thread():  # the mixture's N x K products: threads cost more than they save
+            if config.get("phase") == PHASE_INIT and self.cfg.dp.enabled:
+                return self.private_initial_reply()
             if config.get("phase") == PHASE_INIT:
                 init = str(config.get(INIT_KEY, self.params.init))
                 reply, n = self.initial_reply(init), self.data.n_samples
@@ -385,6 +433,50 @@ class FSTCClient(ClusteringClient):
             return [values.mean(0), (values**2).mean(0)]
         k_local = self.params.init_local_k or 2 * self.k
         return local_kmeans_summary(representations, k_local, self.seed, self.floor)
+
+    # ------------------------------------------------------------------ differential privacy
+    def public_model(self, inputs: LocalInputs) -> FSTCModel:
+        """The initial model as the server builds it from the run seed: a function of no record."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.cfg.seed)
+            return self.build_model(inputs)
+
+    def public_representations(self, inputs: LocalInputs) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(E of every record under the public initial model, clipped to dp.clip; that model's arrays)."""
+        model = self.public_model(inputs)
+        representations = forward_all(model, inputs, self.update.eval_batch)[0].cpu().double().numpy()
+        return clip_rows(representations, self.cfg.dp.clip), state_arrays(model)
+
+    def release(self, new: int = 1) -> tuple[float, dict[str, Scalar]]:
+        """Counts `new` releases against the plan (raises once spent); (z, the reply's metrics)."""
+        dp, method = self.cfg.dp, "fstc"
+        made = count_releases(self.context.state, planned_releases(method, self.cfg.num_rounds, 0), new)
+        return noise_multiplier(dp, method, self.cfg.num_rounds), {
+            **self.identity_metrics(),
+            RELEASES_KEY: made,
+        }
+
+    def private_initial_reply(self) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """Round 1 under DP: noisy (sum E, sum E*E, count) of the clipped public representations."""
+        values, _ = self.public_representations(self.local_inputs(augmented=False))
+        z, metrics = self.release()
+        stats = [values.sum(0), (values**2).sum(0), np.array([float(values.shape[0])])]
+        return gaussian_mechanism(stats, moments_sensitivity(self.cfg.dp.clip), z, secret_rng()), 0, metrics
+
+    def private_reply(
+        self, model: FSTCModel, inputs: LocalInputs, global_centres: np.ndarray | None, final: bool
+    ) -> tuple[NDArrays, dict[str, Scalar]]:
+        """A training round's reply under DP: noisy centre statistics (+ the last round's noisy model)."""
+        if global_centres is None:
+            raise ClientStateError("under DP every training round needs the global centres")
+        values, initial = self.public_representations(inputs)
+        z, metrics = self.release(2 if final else 1)
+        sums, counts = dp_centre_statistics(values, global_centres)
+        reply = gaussian_mechanism([sums, counts], sum_count_sensitivity(self.cfg.dp.clip), z, secret_rng())
+        if final:
+            reply += private_model(state_arrays(model), initial, self.cfg.dp.model_clip, 2 * z, secret_rng())
+            metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
+        return reply, metrics
 
     def train_round(
         self, arrays: NDArrays, config: dict[str, Scalar]
@@ -429,13 +521,16 @@ class FSTCClient(ClusteringClient):
                 centres_tensor,
                 f"client {self.partition_id}",
             )
-        representations, _ = forward_all(model, inputs, self.update.eval_batch)
-        centres, counts = cluster_centres(representations, labelling.targets.argmax(1), self.k)  # Eq. 15
-        centres, counts, withheld = withhold_small_clusters(centres, counts, self.floor)  # privacy floor
         save_module(state, STATE_MODEL, model)
         save_optimizer(state, STATE_OPTIMIZER, optimizer)
         cursor.save(state, STATE_CURSOR)
         self.keep_labelling(labelling)
+        if self.cfg.dp.enabled:
+            reply, metrics = self.private_reply(model, inputs, global_centres, bool(config.get(FINAL_KEY)))
+            return reply, 0, {**metrics, **stats.metrics(), **updates, "step": labelling.step}
+        representations, _ = forward_all(model, inputs, self.update.eval_batch)
+        centres, counts = cluster_centres(representations, labelling.targets.argmax(1), self.k)  # Eq. 15
+        centres, counts, withheld = withhold_small_clusters(centres, counts, self.floor)  # privacy floor
         reply = [counts.cpu().numpy().astype(np.int64)]
         if self.align:
             reply.insert(0, centres.cpu().double().numpy())

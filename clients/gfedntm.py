@@ -5,6 +5,12 @@ What never leaves the client: documents, their counts, their embeddings, which d
 batch. What does: see fedapp/methods/gfedntm.py and docs/methods/gfedntm.md (a mini-batch gradient is
 not anonymous: the encoder's first-layer gradient is non-zero exactly in the columns of words present
 in the batch).
+
+Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) each training reply is one client-level
+Gaussian release (`private_reply`): the update (the gradient, or the parameter delta with `exchange =
+parameters`) together with the BatchNorm running statistics' delta is clipped to `dp.model-clip` and gets
+N(0, (z * model-clip)^2); other buffers (step counter, the fixed prior) go back as received. The
+vocabulary round is NOT covered (exact term lists and document frequencies; summary.json says so).
 """
 
 from __future__ import annotations
@@ -19,6 +25,15 @@ from flwr.common import ConfigRecord, Context, NDArrays, Scalar
 from clients.base import ClusteringClient
 from fedapp.bow import DocumentFrequencies, count_matrix, document_frequencies
 from fedapp.config import RunConfig
+from fedapp.dp import (
+    RELEASES_KEY,
+    count_releases,
+    noise_multiplier,
+    planned_releases,
+    private_update,
+    released_arrays,
+    secret_rng,
+)
 from fedapp.embeddings import embed_texts
 from fedapp.local_data import LocalData
 from fedapp.methods.gfedntm import (
@@ -90,9 +105,31 @@ class GFedNTMClient(ClusteringClient):
             self.context.state[VOCABULARY_KEY] = ConfigRecord({"terms": [str(t) for t in parameters[0]]})
             parameters = parameters[1:]
         arrays, used, metrics = self.train(parameters, config)
+        if self.cfg.dp.enabled:
+            return self.private_reply(parameters, arrays, metrics), used, metrics
         if config.get(SECAGG_KEY):  # gradients and buffers are n-weighted averages already
             return self.secure(arrays, model_modes(arrays), metrics, used)
         return arrays, used, metrics
+
+    def private_reply(
+        self, received_state: NDArrays, reply: NDArrays, metrics: dict[str, Scalar]
+    ) -> NDArrays:
+        """One client-level release of (update, running statistics) (module docstring); sets the
+        reply's release count in `metrics`."""
+        model = build_model(self.params, len(self.vocabulary()), self.context_dim(), 0, "cpu")
+        trainable, buffers = state_schema(model, "trainable"), state_schema(model, "buffers")
+        by_name = dict(zip(state_schema(model).names, received_state, strict=True))
+        received = [by_name[name] for name in buffers.names]
+        if self.params.exchange == "parameters":
+            received = [by_name[name] for name in trainable.names] + received
+        else:  # a gradient is its own delta
+            received = [np.zeros_like(a) for a in reply[: len(trainable)]] + received
+        names = trainable.names + buffers.names
+        released = released_arrays(names, list(reply), set(trainable.names))
+        made = count_releases(self.context.state, planned_releases("gfedntm", self.cfg.num_rounds, 0))
+        z = noise_multiplier(self.cfg.dp, "gfedntm", self.cfg.num_rounds)
+        metrics[RELEASES_KEY] = made
+        return private_update(received, list(reply), released, self.cfg.dp.model_clip, z, secret_rng())[0]
 
     def secure(
         self, arrays: NDArrays, modes: list[str], metrics: dict[str, Scalar], n: int | None = None

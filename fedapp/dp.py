@@ -1,4 +1,5 @@
-"""Differential privacy for the sum-based methods: clipping, the Gaussian mechanism and an RDP accountant.
+"""Differential privacy: clipping, the Gaussian mechanism and an RDP accountant, for every method that
+supports it (`DP_METHODS`).
 
 **What is protected.** One record of one client, under add/remove-one-record adjacency. Each client
 clips every record's feature vector to L2 norm <= `clip`, computes its per-cluster statistics from the
@@ -19,6 +20,14 @@ count); ||x*x||_2 <= ||x||_2^2 <= clip^2, so its sensitivity is sqrt(clip^2 + cl
 multiplier z for the whole run, so each release is a `GaussianDpEvent(z)`; the run's epsilon at delta is
 the RDP accountant's (Google's `dp-accounting`) for the client's releases. `calibrate` finds the smallest
 z whose *planned* schedule spends at most the target epsilon; `epsilon_spent` reports what ran.
+
+**Client-level releases (model updates: CCFC, gFedNTM, FSTC's final model).** An update computed by
+training on all of a client's records has no bounded per-record sensitivity, so it is clipped as a whole
+(`clipped_release`: each part to L2 norm <= `model-clip`) and noised with std z * model-clip per part:
+adding or removing the client's whole contribution moves the release by at most that, so the guarantee
+is per *client* (`UNITS`). FSTC's final model is released once with multiplier 2z: any two clipped
+updates differ by at most 2 * model-clip, so for one record of that client the release is again a
+Gaussian release of multiplier z and the record-level schedule (`planned_releases`) counts it.
 """
 
 from __future__ import annotations
@@ -28,12 +37,29 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from flwr.app import MetricRecord, RecordDict
 
 from fedapp.config_keys import ConfigSection, config_key
 
-# methods whose clients noise every statistic they send (clients/ffcm.py, clients/kfed.py, textkfed's
-# FSBERT-kFED); FBOW/FTF-IDF are not here: their vocabulary round sends exact document frequencies
-DP_METHODS = frozenset({"ffcm", "kfed", "fsbert-kfed"})
+# methods whose clients noise what they send each round (clients/ffcm.py, kfed.py, textkfed.py's
+# FSBERT-kFED, fstc.py, ccfc.py, gfedntm.py); FBOW/FTF-IDF are not here: their vocabulary round sends
+# exact document frequencies (gFedNTM's is named as not covered in its summary instead)
+DP_METHODS = frozenset({"ffcm", "kfed", "fsbert-kfed", "fstc", "ccfc", "gfedntm"})
+# the unit one epsilon protects: one record (sums of clipped records) or one client (clipped updates)
+UNITS = {"ffcm": "record", "kfed": "record", "fsbert-kfed": "record", "fstc": "record"} | {
+    "ccfc": "client",
+    "gfedntm": "client",
+}
+# what a DP run of the method still sends unnoised (summary.json `privacy.dp.not_covered`); evaluation
+# messages and the final report's cluster sizes are not covered for any method (docs/privacy.md)
+NOT_COVERED = {
+    "gfedntm": (
+        "round 1 vocabulary: each client's term list and exact document frequencies",
+        "the number of documents per client (batch sizes, the update's weight)",
+    ),
+    "ccfc": ("the setup round's image shape",),
+}
+RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm buffers computed from the data
 RELEASES_KEY = "dp-releases"  # fit metrics: how many noisy releases this client has made in this run
 STATE_KEY = "fedapp.dp"  # context.state: the client's own count of its releases
 
@@ -47,7 +73,9 @@ class DPConfig(ConfigSection):
     """The keys of `[tool.flwr.app.config.dp]` (`--set dp.epsilon=2`)."""
 
     epsilon: float = config_key(
-        0.0, ge=0.0, doc="differential privacy: the run's total epsilon per record (0 = off)"
+        0.0,
+        ge=0.0,
+        doc="differential privacy: total epsilon per record, or per client (ccfc, gfedntm); 0 = off",
     )
     delta: float = config_key(1e-5, gt=0.0, lt=1.0, doc="differential privacy: delta (< 1 / records)")
     clip: float = config_key(
@@ -57,6 +85,12 @@ class DPConfig(ConfigSection):
     )
     lloyd_iters: int = config_key(
         5, ge=2, doc="k-FED under DP: local DP-Lloyd releases (the noisy mean, then Lloyd steps)"
+    )
+    model_clip: float = config_key(
+        1.0,
+        gt=0.0,
+        doc="differential privacy: L2 norm a model update (CCFC delta, gFedNTM gradient, FSTC's final "
+        "model delta) is clipped to",
     )
 
     @property
@@ -68,11 +102,17 @@ def planned_releases(method: str, num_rounds: int, lloyd_iters: int) -> int:
     """How many noisy releases one client makes in a full run (the schedule the noise is calibrated for).
 
     FFCM: one per fit round (round 1 the noisy moments, then the noisy membership sums). k-FED and
-    FSBERT-kFED: the local DP-Lloyd iterations, sent once (the last one's centres)."""
+    FSBERT-kFED: the local DP-Lloyd iterations, sent once (the last one's centres). FSTC: the noisy
+    moments, one (sums, counts) per training round, and the final model. CCFC: one (update + centroids)
+    per round after the setup round. gFedNTM: one update per round after the vocabulary round."""
     if method == "ffcm":
         return num_rounds
     if method in ("kfed", "fsbert-kfed"):
         return lloyd_iters
+    if method == "fstc":
+        return num_rounds + 1
+    if method in ("ccfc", "gfedntm"):
+        return max(num_rounds - 1, 1)
     raise ValueError(
         f"method '{method}' does not support differential privacy; use one of {sorted(DP_METHODS)}"
     )
@@ -105,6 +145,67 @@ def gaussian_mechanism(
     removed. Use a generator the server cannot reproduce (`secret_rng`), or the noise can be subtracted."""
     scale = noise_multiplier * sensitivity
     return [np.asarray(s, dtype=np.float64) + rng.normal(0.0, scale, np.shape(s)) for s in statistics]
+
+
+def clip_joint(arrays: list[np.ndarray], clip: float) -> tuple[list[np.ndarray], float]:
+    """The arrays scaled together to L2 norm <= `clip` (one vector), and their norm before clipping."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+    norm = math.sqrt(sum(float(np.square(a).sum()) for a in arrays))
+    factor = min(1.0, clip / max(norm, 1e-300))
+    return [a * factor for a in arrays], norm
+
+
+def clipped_release(
+    parts: list[list[np.ndarray]], clip: float, noise_multiplier: float, rng: np.random.Generator
+) -> list[list[np.ndarray]]:
+    """One client-level Gaussian release: each part clipped jointly to L2 norm <= `clip`, then
+    N(0, (z * clip * sqrt(parts))^2) on every coordinate (the L2 sensitivity of all parts together is
+    clip * sqrt(parts) when the client's contribution is added or removed)."""
+    sensitivity = clip * math.sqrt(len(parts))
+    return [
+        gaussian_mechanism(clip_joint(part, clip)[0], sensitivity, noise_multiplier, rng) for part in parts
+    ]
+
+
+def released_arrays(names: list[str], arrays: list[np.ndarray], parameters: set[str]) -> list[bool]:
+    """Which of a model's arrays a DP update carries: float parameters and BatchNorm running statistics
+    (both computed from the data); other buffers (step counters, fixed priors) go back as received."""
+    return [
+        np.issubdtype(a.dtype, np.floating) and (name in parameters or name.endswith(RUNNING_STATISTICS))
+        for name, a in zip(names, arrays, strict=True)
+    ]
+
+
+def private_update(
+    received: list[np.ndarray],
+    local: list[np.ndarray],
+    released: list[bool],
+    clip: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    extra: list[np.ndarray] | None = None,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A client-level release of a model update: `received` plus the clipped, noised delta
+    (local - received) on the `released` arrays, the others as received, in `local`'s dtypes; `extra`
+    (e.g. CCFC's scaled centroids) is a second part of the same release. For a gradient, pass zeros as
+    `received`. Returns (the state to send, the noisy extra part)."""
+    pairs = list(zip(received, local, released, strict=True))
+    delta = [np.asarray(new, np.float64) - np.asarray(old, np.float64) for old, new, keep in pairs if keep]
+    noisy = clipped_release([delta, *([extra] if extra else [])], clip, noise_multiplier, rng)
+    updates = iter(noisy[0])
+    state = [
+        (np.asarray(old, np.float64) + next(updates)).astype(new.dtype) if keep else np.array(old, copy=True)
+        for old, new, keep in pairs
+    ]
+    return state, noisy[1] if extra else []
+
+
+def floor_variances(names: list[str], arrays: list[np.ndarray], floor: float = 1e-3) -> list[np.ndarray]:
+    """Noisy averaged BatchNorm variances may be <= 0: post-processing keeps them >= `floor`."""
+    return [
+        np.maximum(a, floor).astype(a.dtype) if n.endswith("running_var") else a
+        for n, a in zip(names, arrays, strict=True)
+    ]
 
 
 def secret_rng() -> np.random.Generator:
@@ -157,18 +258,36 @@ def privacy_summary(dp: DPConfig, method: str, num_rounds: int, releases: int) -
     if not dp.enabled:
         return {"dp": None}
     z = noise_multiplier(dp, method, num_rounds)
-    return {
-        "dp": {
-            "epsilon_target": dp.epsilon,
-            "delta": dp.delta,
-            "clip": dp.clip,
-            "noise_multiplier": z,
-            "releases": releases,
-            "planned_releases": planned_releases(method, num_rounds, dp.lloyd_iters),
-            "epsilon_spent": epsilon_spent(z, releases, dp.delta),
-            "accountant": "rdp",
-        }
+    block: dict[str, object] = {
+        "unit": UNITS[method],
+        "epsilon_target": dp.epsilon,
+        "delta": dp.delta,
+        "clip": dp.model_clip if UNITS[method] == "client" else dp.clip,
+        "noise_multiplier": z,
+        "releases": releases,
+        "planned_releases": planned_releases(method, num_rounds, dp.lloyd_iters),
+        "epsilon_spent": epsilon_spent(z, releases, dp.delta),
+        "accountant": "rdp",
+        "not_covered": list(NOT_COVERED.get(method, ())),
     }
+    if method == "fstc":  # the final model: also client-level on its own (docstring)
+        block["model"] = {
+            "unit": "client",
+            "clip": dp.model_clip,
+            "noise_multiplier": 2 * z,
+            "epsilon_spent": epsilon_spent(2 * z, 1, dp.delta),
+            "releases": 1,
+        }
+    return {"dp": block}
+
+
+def count_releases(state: RecordDict, planned: int, new: int = 1) -> int:
+    """A client's running count of its releases in `context.state`, after `new` more (`next_release`)."""
+    made = int(state[STATE_KEY]["releases"]) if STATE_KEY in state else 0
+    for _ in range(new):
+        made = next_release(made, planned)
+    state[STATE_KEY] = MetricRecord({"releases": made})
+    return made
 
 
 def next_release(made: int, planned: int) -> int:

@@ -14,6 +14,10 @@ centroids stay as they were.
 Under SecAgg+ (run-config `secagg`): the model's average (Eq. 8) is SecAgg+'s secure average; the local
 centroids are not a sum and come in the clear beside it (the server's k-means needs every client's),
 so SecAgg+ hides each client's model but not its centroids. The setup round (no arrays) runs plain.
+
+Under differential privacy (`fedapp.dp`, clients/ccfc.py) every reply is a noised, clipped update with
+equal weight; the server rescales the noisy local centroids by sqrt(k) / model-clip before its k-means,
+keeps averaged BatchNorm variances positive, and summary.json's `privacy` block accounts the releases.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedapp.clustering import kmeans
 from fedapp.config import ConfigError, RunConfig
+from fedapp.dp import RELEASES_KEY, floor_variances, privacy_summary
 from fedapp.methods.ccfc import (
     CLUSTER,
     PHASE_KEY,
@@ -107,6 +112,7 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
         "centroids_round",
         "phases",
         "client_metrics",
+        "dp_releases",
     )
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -119,6 +125,7 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
         self.centroids_round = 0  # the round whose replies produced `centroids`
         self.phases: dict[int, str] = {}
         self.client_metrics: dict[int, dict[str, dict[str, float]]] = {}  # round -> partition -> metrics
+        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
         if cfg.secagg and not self.params.federated:
             raise ConfigError(
                 "secagg=true: standalone CCFC (ccfc.federation=standalone) sends nothing to average"
@@ -179,6 +186,9 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
             self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")
         if reply.num_examples < 1:
             raise ReplyError(f"num_examples is {reply.num_examples}")
+        dp_round = self.cfg.dp.enabled and self.params.federated and self.phases.get(server_round) != SETUP
+        if dp_round and not isinstance(reply.metrics.get(RELEASES_KEY), int):
+            raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         if self.phases.get(server_round) != SETUP:
@@ -202,8 +212,13 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
             self.global_state = average_models(
                 [r.arrays[:n_state] for r in replies], [r.num_examples for r in replies]
             )
+            scale = 1.0
+            if self.cfg.dp.enabled:  # noisy updates: variances kept positive, centroids rescaled
+                self.global_state = floor_variances(self.schema.names, self.global_state)
+                self.dp_releases = max([self.dp_releases, *(int(r.metrics[RELEASES_KEY]) for r in replies)])
+                scale = float(np.sqrt(self.k)) / self.cfg.dp.model_clip  # type: ignore[arg-type]
             if self.wants_centroids(server_round):
-                local = [r.arrays[n_state] for r in replies]
+                local = [r.arrays[n_state] * np.float32(scale) for r in replies]
                 self.centroids = merge_centroids(local, self.k, self.cfg.seed + server_round)
                 self.centroids_round = server_round
             return self._broadcast()
@@ -269,6 +284,7 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
             "phases": {str(r): phase for r, phase in sorted(self.phases.items())},
             "client_metrics": self.client_metrics.get(last, {}) if last is not None else {},
             "image_shape": list(self.image_shape) if self.image_shape else None,
+            "privacy": privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases),
         }
 
     def write_outputs(self) -> None:

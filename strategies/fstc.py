@@ -15,6 +15,11 @@ Under SecAgg+ (run-config `secagg`) every message the server takes in is a secur
 (`fedapp.secure_sum`): round 1 draws C̃ from the federated mean and variance of the representations
 (`init = moments`), training rounds send per-cluster sums and counts over n (Eq. 16 from their totals;
 a cluster with under half a record in total keeps its C̃), and the final average is the secure one.
+
+Under differential privacy (`fedapp.dp`, clients/fstc.py) round 1 is the moments init on noisy sums,
+Eq. 16 runs on the noisy totals (a cluster whose noisy count total is below 1 keeps its C̃), the final
+models are averaged with equal weights (the clients send no record count) and summary.json's `privacy`
+block accounts the releases.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config import RunConfig
+from fedapp.dp import RELEASES_KEY, privacy_summary
 from fedapp.fstc_math import aggregate_centres, initial_centres
 from fedapp.methods.fstc import (
     CENTRES_KEY,
@@ -47,16 +53,19 @@ from fedapp.protocol import ArraySpec, ReplyError
 from fedapp.secure_sum import secure_specs
 from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
-from strategies.ffcm import centres_from_moments
+from strategies.ffcm import centres_from_moments, centres_from_noisy_moments
 from strategies.secure import SecureSumStrategy
 
 EMPTY_TOTAL = 0.5  # under SecAgg+ a cluster's count total is noisy: below half a record it is empty
+DP_EMPTY_TOTAL = 1.0  # under DP: a noisy count total below one record would fling the centre away
 
 
-def centres_from_totals(sums: np.ndarray, counts: np.ndarray, previous: np.ndarray) -> np.ndarray:
+def centres_from_totals(
+    sums: np.ndarray, counts: np.ndarray, previous: np.ndarray, min_total: float = EMPTY_TOTAL
+) -> np.ndarray:
     """Eq. 16 from the federation's totals: C̃_k = Σ_μ n_k^(μ) C_k^(μ) / Σ_μ n_k^(μ) = (Σ sums) / (Σ counts);
-    a cluster with fewer than `EMPTY_TOTAL` records in total keeps its previous C̃_k."""
-    held = counts >= EMPTY_TOTAL
+    a cluster with fewer than `min_total` records in total keeps its previous C̃_k."""
+    held = counts >= min_total
     return aggregate_centres(
         [sums / np.where(held, counts, 1.0)[:, None]], [np.where(held, counts, 0.0)], previous
     )
@@ -67,7 +76,15 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
 
     method = "fstc"
     align = True
-    state_fields = ("centres", "initial_model", "schema", "global_model", "has_model", "train_metrics")
+    state_fields = (
+        "centres",
+        "initial_model",
+        "schema",
+        "global_model",
+        "has_model",
+        "train_metrics",
+        "dp_releases",
+    )
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -78,7 +95,9 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         self.global_model: list[np.ndarray] | None = None
         self.has_model: set[int] = set()  # partitions that confirmed the initial model
         self.train_metrics: list[dict[str, float]] = []
-        self.init = "moments" if cfg.secagg else self.params.init  # under SecAgg+ the init is a sum too
+        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
+        # under SecAgg+ the init is a sum too; under DP only sums have a bounded sensitivity
+        self.init = "moments" if cfg.secagg or cfg.dp.enabled else self.params.init
         if cfg.num_rounds < 2:
             raise ValueError("FSTC needs num-rounds >= 2 (one initialisation round + training rounds)")
 
@@ -103,6 +122,8 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
 
     # -------------------------------------------------------------------------------- replies
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
+        if self.cfg.dp.enabled:
+            return self.private_spec(server_round)
         if self.centres is None:
             if self.init == "representations":
                 return [ArraySpec("representations", (None, None))]
@@ -118,6 +139,14 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         if self.cfg.secagg:
             return secure_specs(spec, self.secure_modes(server_round))
         return spec
+
+    def private_spec(self, server_round: int) -> list[ArraySpec]:
+        """Under DP: noisy sums (float) everywhere, counts included (clients/fstc.py)."""
+        if self.centres is None:
+            return [ArraySpec("sum", (None,)), ArraySpec("sum of squares", (None,)), ArraySpec("count", (1,))]
+        k, dim = self.centres.shape
+        spec = [ArraySpec("sums", (k, dim)), ArraySpec("counts", (k,))]
+        return spec + (self.schema.array_specs() if self.final_round(server_round) else [])  # type: ignore[union-attr]
 
     def final_round(self, server_round: int) -> bool:
         return server_round >= self.cfg.num_rounds and self.schema is not None
@@ -136,6 +165,12 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         return consistent_replies(replies, server_round, axis=0 if self.init == "moments" else 1)
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
+        if self.cfg.dp.enabled:  # noisy counts may be negative; the client says how much it has spent
+            if not isinstance(reply.metrics.get(RELEASES_KEY), int):
+                raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
+            if self.final_round(server_round):
+                self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")  # type: ignore[union-attr]
+            return
         if self.cfg.secagg:  # one secure average for all: only the totals can be checked
             self.check_secure(server_round, reply)
             return
@@ -173,11 +208,17 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         if self.cfg.secagg:
             modes = self.secure_modes(server_round)
             replies = self.plain_equivalent(server_round, replies, modes, self.secure_dtypes(server_round))
+        if self.cfg.dp.enabled:
+            self.dp_releases = max([self.dp_releases, *(int(r.metrics[RELEASES_KEY]) for r in replies)])
         if self.centres is None:
             return self.initialise(replies)
         self.has_model.update(reply.partition_id for reply in replies)
         self.record_training(server_round, replies)
-        if self.align and self.cfg.secagg:  # the replies hold Σ sums and Σ counts split by n_i
+        if self.cfg.dp.enabled:  # noisy totals, summed as they are (clipping at 0 would bias them up)
+            sums, counts = (np.sum([r.arrays[i] for r in replies], axis=0) for i in (0, 1))
+            self.centres = centres_from_totals(sums, counts, self.centres, DP_EMPTY_TOTAL)  # Eq. 16
+            self.note_stale_centres(server_round, counts >= DP_EMPTY_TOTAL)
+        elif self.align and self.cfg.secagg:  # the replies hold Σ sums and Σ counts split by n_i
             sums, counts = (np.sum([r.arrays[i] for r in replies], axis=0) for i in (0, 1))
             self.centres = centres_from_totals(sums, counts, self.centres)  # Eq. 16
             self.note_stale_centres(server_round, counts >= EMPTY_TOTAL)
@@ -190,9 +231,8 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
             return ndarrays_to_parameters([self.centres])
         assert self.schema is not None
         n_model = len(self.schema)
-        self.global_model = weighted_average(
-            [r.arrays[-n_model:] for r in replies], [r.num_examples for r in replies]
-        )
+        weights = [1 if self.cfg.dp.enabled else r.num_examples for r in replies]  # DP: no counts sent
+        self.global_model = weighted_average([r.arrays[-n_model:] for r in replies], weights)
         self.finished, self.stop_reason = True, "final model averaged"
         log(INFO, "FSTC: global model = average of %d client models (Alg. 2 line 12)", len(replies))
         return ndarrays_to_parameters(self.global_model)
@@ -206,7 +246,11 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
     def initialise(self, replies: list[ClientReply]) -> Parameters:
         assert self.k is not None  # _validated rejects every reply while k is unknown
         weights: list[np.ndarray] | None = None
-        if self.init == "moments":  # a sum (SecAgg+): K seeded draws from the federated mean and variance
+        if self.cfg.dp.enabled:  # noisy (sum E, sum E*E, count): the same draws from their quotients
+            self.centres = centres_from_noisy_moments(
+                *([r.arrays[i] for r in replies] for i in range(3)), self.k, self.cfg.seed
+            )
+        elif self.init == "moments":  # a sum (SecAgg+): K seeded draws from the federated mean and variance
             sizes = [r.num_examples for r in replies]
             mean = np.average([r.arrays[0] for r in replies], axis=0, weights=sizes)
             mean_square = np.average([r.arrays[1] for r in replies], axis=0, weights=sizes)
@@ -285,7 +329,8 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
                 "secagg": self.cfg.secagg,
                 "align": self.align,
                 "train_per_round": self.train_metrics,
-            }
+            },
+            "privacy": privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases),
         }
 
 

@@ -19,6 +19,10 @@ Under SecAgg+ (run-config `secagg`): round 1 collects the term lists in the clea
 round inside the secure run: `secure_round`), round 2 their document frequencies over the union as a
 secure sum (rounded to integers: the same V as the plain merge), and every training reply is a secure
 n-weighted average, which is Eq. 2 itself. The training budget counts the rounds after the consensus.
+
+Under differential privacy (`fedapp.dp`, clients/gfedntm.py) every training reply is a clipped, noised
+update; the server applies it as it is, keeps averaged BatchNorm variances positive, and summary.json's
+`privacy` block accounts the releases and names the vocabulary round as not covered.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from fedapp.bow import BowError, DocumentFrequencies, merge_document_frequencies
 from fedapp.config import RunConfig
 from fedapp.datasets.synthetic import VARIANTS as SYNTHETIC_DATASETS
 from fedapp.datasets.synthetic import synthetic_truth
+from fedapp.dp import RELEASES_KEY, floor_variances, privacy_summary
 from fedapp.methods.gfedntm import (
     COOCCURRENCE_KEY,
     DIVERSITY_TOP_WORDS,
@@ -182,6 +187,7 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         "last_loss",
         "step_seconds",
         "candidates",
+        "dp_releases",
     )  # W and the server optimizer: `state_dict`
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -204,6 +210,7 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         self.step_seconds: list[float] = []  # wall seconds of each training round (fit -> aggregate)
         self._pending: dict[str, float] = {}  # server-side metrics waiting for the clients' NPMI counts
         self.candidates: tuple[str, ...] | None = None  # SecAgg+: the union of the clients' term lists
+        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
 
     @property
     def training(self) -> bool:
@@ -325,6 +332,8 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
             return
         assert self.model is not None
         state_schema(self.model).check_fingerprint(reply.metrics, sender=f"client {reply.cid}")
+        if self.cfg.dp.enabled and not isinstance(reply.metrics.get(RELEASES_KEY), int):
+            raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
         if reply.metrics.get("step") != self.step:
             raise ReplyError(
                 f"reply for step {reply.metrics.get('step')!r}, the federation is at step {self.step}"
@@ -422,7 +431,11 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
             server_step(self.model, self.optimizer, weighted_gradient(updates, weights))
         else:
             load_state_arrays(self.model, weighted_average(updates, weights), part="trainable")
-        load_state_arrays(self.model, weighted_average(buffers, weights), part="buffers")
+        averaged = weighted_average(buffers, weights)
+        if self.cfg.dp.enabled:  # noisy running variances may be <= 0
+            averaged = floor_variances(state_schema(self.model, "buffers").names, averaged)
+            self.dp_releases = max([self.dp_releases, *(int(r.metrics[RELEASES_KEY]) for r in replies)])
+        load_state_arrays(self.model, averaged, part="buffers")
         self.has_vocabulary.update(reply.cid for reply in replies)
         self.last_loss = float(
             np.average([float(reply.metrics.get("loss", np.nan)) for reply in replies], weights=weights)
@@ -507,6 +520,7 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
             "steps_per_epoch": self.steps_per_epoch,
             "vocabulary_size": len(self.vocabulary or ()),
             "seconds_per_step_round": float(np.median(seconds)) if seconds else None,
+            "privacy": privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases),
         }
         if self.training:
             top = top_words(self.topic_word(), DIVERSITY_TOP_WORDS)
