@@ -52,19 +52,22 @@ def cell(runs: list[dict[str, float]]) -> str:
 
 
 def render(table: dict[str, dict[str, list[dict[str, float]]]]) -> str:
-    variants = list(next(iter(table.values())))
+    variants = [v for v in next(iter(table.values())) if any(row.get(v) for row in table.values())]
     lines = [
         "| setting | " + " | ".join(variants) + f" | {DEFAULT} − {BASELINE} NMI |",
         "|---|" + "---|" * (len(variants) + 1),
     ]
     for setting, row in table.items():
+        if not any(row.values()):
+            continue
         gap = "—"
         if row.get(DEFAULT) and row.get(BASELINE):
             nmi = statistics.fmean(r["nmi"] for r in row[DEFAULT])
             base = statistics.fmean(r["nmi"] for r in row[BASELINE])
             gap = f"{nmi - base:+.2f}" + (" ✗" if nmi - base < -RULE_NMI else " ✓")
         lines.append(f"| {setting} | " + " | ".join(cell(row.get(v, [])) for v in variants) + f" | {gap} |")
-    lines += ["", "Cells: ACC / NMI in percent, mean ± std over (n) seeds; — not run."]
+    lines += ["", "Cells: ACC / NMI in percent, mean ± std over (n) seeds; — not run (settings and variants"]
+    lines[-1] += " with no finished run are left out)."
     return "\n".join(lines)
 
 
