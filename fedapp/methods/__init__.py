@@ -28,10 +28,10 @@ from fedapp.methods.textkfed import TextKFedConfig
 # Measured on real data shapes (docs/methods/fstc.md and cefmc.md, "Real data shapes" / "More clusters
 # than a view has dimensions"): printed by `fedapp methods NAME` so users pick the right method.
 FSTC_WHEN = (
-    "Sites with similar topic mixes, balanced or long-tailed clusters (StackOverflow at imbalance 10 and "
-    "50: level with fsbert-kfed), or few topics under label skew (AgNews, Dirichlet alpha 0.3: 6 NMI "
-    "above it). Many topics split across sites (StackOverflow's 20, alpha <= 0.3) cost it about 20 NMI "
-    "against fsbert-kfed, whichever marginal: use fsbert-kfed there."
+    "Sites with similar topic mixes, balanced or long-tailed clusters (StackOverflow and Biomedical at "
+    "imbalance 10 and 50: level with or above fsbert-kfed), or few topics under label skew (AgNews, "
+    "Dirichlet alpha 0.1-1: level or above). Many topics split across sites (StackOverflow's 20, "
+    "alpha <= 0.3) cost it about 20 NMI against fsbert-kfed, whichever marginal: use fsbert-kfed there."
 )
 CEFMC_WHEN = (
     "Views wider than k, or k above a view's width on real multi-view sets (HW, BDGP, DryBean: level with "
