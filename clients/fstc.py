@@ -28,6 +28,7 @@ import torch
 from flwr.common import Array, ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
 
 from clients.base import ClusteringClient
+from fedapp.clustering import nearest_centre
 from fedapp.config import RunConfig
 from fedapp.dp import (
     RELEASES_KEY,
@@ -54,6 +55,7 @@ from fedapp.fstc_math import (
     weighted_mse,
     withhold_small_clusters,
 )
+from fedapp.label_free import cluster_sums
 from fedapp.losses import info_nce_loss
 from fedapp.methods.fstc import (
     CENTRES_KEY,
@@ -310,11 +312,8 @@ class LocalUpdate:
 def dp_centre_statistics(values: np.ndarray, global_centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 16's per-cluster sums and counts under DP: each (clipped, public-space) record counts once,
     for its nearest global centre, so one record moves (sums, counts) by at most sqrt(clip^2 + 1)."""
-    nearest = np.argmin(
-        (values**2).sum(1)[:, None] - 2 * values @ global_centres.T + (global_centres**2).sum(1)[None], axis=1
-    )
-    one_hot = np.eye(global_centres.shape[0])[nearest]
-    return one_hot.T @ values, one_hot.sum(0)
+    stats = cluster_sums(values, nearest_centre(values, global_centres), global_centres.shape[0])
+    return stats.sums, stats.counts.astype(np.float64)
 
 
 def private_model(

@@ -33,6 +33,7 @@ from fedapp.dp import (
     secret_rng,
     sum_count_sensitivity,
 )
+from fedapp.label_free import cluster_sums
 from fedapp.methods.kfed import KFedConfig
 from fedapp.privacy import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, floored_kmeans
 from fedapp.report import Assignment, nearest_with_distance
@@ -69,10 +70,10 @@ def dp_lloyd(
     centres = mean + 0.1 * clip * directions / np.linalg.norm(directions, axis=1, keepdims=True)
     counts = np.zeros(k_local)
     for _ in range(iters - 1):
-        labels = nearest_centre(X, centres)
-        one_hot = np.zeros((X.shape[0], k_local))
-        one_hot[np.arange(X.shape[0]), labels] = 1.0
-        sums, counts = gaussian_mechanism([one_hot.T @ X, one_hot.sum(0)], sensitivity, noise_multiplier, rng)
+        exact = cluster_sums(X, nearest_centre(X, centres), k_local)
+        sums, counts = gaussian_mechanism(
+            [exact.sums, exact.counts.astype(np.float64)], sensitivity, noise_multiplier, rng
+        )
         centres = clip_rows(sums / np.maximum(counts, 1.0)[:, None], clip)  # a mean of clipped rows is inside
     return centres, counts
 
