@@ -1,8 +1,10 @@
-"""Privacy-utility sweep: FFCM and k-FED on MNIST, 10 clients, IID (p = 0) and p-hetero p = 0.5, over
-epsilon in {0.5, 1, 2, 4, 8, inf (DP off)} at delta = 1e-5, 3 seeds; a markdown table of NMI / ACC
-mean +- std and docs/privacy-utility.png.
+"""Privacy-utility sweep over epsilon in {0.5, 1, 2, 4, 8, inf (DP off)} at delta = 1e-5, 3 seeds: FFCM and
+k-FED on MNIST (10 clients, IID p = 0 and p-hetero p = 0.5), FSTC on StackOverflow (4 IID clients); a
+markdown table of NMI / ACC mean +- std and a plot (NMI against epsilon).
 
     python -m simulation.privacy.sweep --max-samples 10000 --out results/privacy-sweep
+    python -m simulation.privacy.sweep --methods fstc --out results/privacy-sweep \
+        --plot docs/privacy-utility-fstc.png             # FSTC on StackOverflow: 5-7 min a run on 2 cores
     python -m simulation.privacy.sweep --quick            # 1 seed, 3 epsilons, 3000 samples: a smoke run
 
 FFCM runs with `ffcm.init=moments` at every epsilon (DP forces it), so epsilon = inf differs from the
@@ -24,9 +26,13 @@ import numpy as np
 from simulation.runner import build_overrides, execute
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
-METHODS = ("ffcm", "kfed")
-HETEROGENEITY = (0.0, 0.5)
 METRICS = ("nmi", "acc")
+# method -> (dataset, clients, p-hetero p values): the settings the issue asks for
+SETTINGS: dict[str, tuple[str, int, tuple[float, ...]]] = {
+    "ffcm": ("mnist", 10, (0.0, 0.5)),
+    "kfed": ("mnist", 10, (0.0, 0.5)),
+    "fstc": ("stackoverflow", 4, (0.0,)),
+}
 
 
 def run_one(out: Path, method: str, p: float, epsilon: float, seed: int, args: argparse.Namespace) -> dict:
@@ -36,22 +42,29 @@ def run_one(out: Path, method: str, p: float, epsilon: float, seed: int, args: a
         summary = json.loads(summary_path.read_text())
         if summary.get("status") in ("completed", "converged"):
             return summary
+    dataset, clients, _ = SETTINGS[method]
     base: dict[str, Any] = {
         "method": method,
-        "dataset": args.dataset,
-        "num-clients": args.clients,
-        "num-rounds": args.rounds,
+        "dataset": dataset,
+        "num-clients": clients,
         "seed": seed,
-        "partition": "p-hetero",
-        "p": p,
         "max-samples": args.max_samples,
         "dp.delta": args.delta,
         "dp.clip": args.clip,
         "dp.epsilon": 0.0 if math.isinf(epsilon) else epsilon,
     }
+    if method == "fstc":  # FSTC at its defaults (rounds, model clip); IID clients
+        base["partition"] = "iid"
+    else:
+        base.update({"partition": "p-hetero", "p": p, "num-rounds": args.rounds})
     if method == "ffcm":
         base["ffcm.init"] = "moments"
     return execute(build_overrides(base, out), "inprocess", quiet=True)
+
+
+def rows(methods: Sequence[str]) -> list[tuple[str, float]]:
+    """(method, p) of every table row / plot curve."""
+    return [(method, p) for method in methods for p in SETTINGS[method][2]]
 
 
 def label(epsilon: float) -> str:
@@ -61,43 +74,44 @@ def label(epsilon: float) -> str:
 def sweep(args: argparse.Namespace) -> dict[tuple[str, float, float], dict[str, list[float]]]:
     """(method, p, epsilon) -> metric -> one value per seed."""
     results: dict[tuple[str, float, float], dict[str, list[float]]] = {}
-    for method in METHODS:
-        for p in HETEROGENEITY:
-            for epsilon in args.epsilons:
-                cell = results.setdefault((method, p, epsilon), {m: [] for m in METRICS})
-                for seed in range(args.seeds):
-                    name = f"{method}-p{p:g}-eps{label(epsilon).split()[0]}-s{seed}"
-                    summary = run_one(args.out / name, method, p, epsilon, seed, args)
-                    for metric in METRICS:
-                        cell[metric].append(float(summary["metrics"][metric]))
-                    spent = (summary.get("privacy", {}).get("dp") or {}).get("epsilon_spent")
-                    shown = f" eps spent {spent:.3f}" if spent is not None else ""
-                    print(f"{name}: NMI {cell['nmi'][-1]:.4f} ACC {cell['acc'][-1]:.4f}{shown}", flush=True)
+    for method, p in rows(args.methods):
+        for epsilon in args.epsilons:
+            cell = results.setdefault((method, p, epsilon), {m: [] for m in METRICS})
+            for seed in range(args.seeds):
+                name = f"{method}-p{p:g}-eps{label(epsilon).split()[0]}-s{seed}"
+                summary = run_one(args.out / name, method, p, epsilon, seed, args)
+                for metric in METRICS:
+                    cell[metric].append(float(summary["metrics"][metric]))
+                spent = (summary.get("privacy", {}).get("dp") or {}).get("epsilon_spent")
+                shown = f" eps spent {spent:.3f}" if spent is not None else ""
+                print(f"{name}: NMI {cell['nmi'][-1]:.4f} ACC {cell['acc'][-1]:.4f}{shown}", flush=True)
     return results
 
 
 def markdown(
-    results: dict[tuple[str, float, float], dict[str, list[float]]], epsilons: Sequence[float]
+    results: dict[tuple[str, float, float], dict[str, list[float]]],
+    epsilons: Sequence[float],
+    methods: Sequence[str],
 ) -> str:
     """Rows: method x p; columns: epsilon; cells: NMI / ACC as mean +- std in percent."""
     header = "| method | p | " + " | ".join(f"eps={label(e)}" for e in epsilons) + " |"
     lines = [header, "|" + "---|" * (len(epsilons) + 2)]
-    for method in METHODS:
-        for p in HETEROGENEITY:
-            cells = []
-            for epsilon in epsilons:
-                values = results[(method, p, epsilon)]
-                cells.append(
-                    " / ".join(
-                        f"{100 * np.mean(values[m]):.1f} ± {100 * np.std(values[m]):.1f}" for m in METRICS
-                    )
-                )
-            lines.append(f"| {method} | {p:g} | " + " | ".join(cells) + " |")
+    for method, p in rows(methods):
+        cells = []
+        for epsilon in epsilons:
+            values = results[(method, p, epsilon)]
+            cells.append(
+                " / ".join(f"{100 * np.mean(values[m]):.1f} ± {100 * np.std(values[m]):.1f}" for m in METRICS)
+            )
+        lines.append(f"| {method} | {p:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot(
-    results: dict[tuple[str, float, float], dict[str, list[float]]], epsilons: Sequence[float], path: Path
+    results: dict[tuple[str, float, float], dict[str, list[float]]],
+    epsilons: Sequence[float],
+    methods: Sequence[str],
+    path: Path,
 ) -> None:
     """NMI against epsilon (log axis; DP off drawn as a dashed line per curve)."""
     import matplotlib
@@ -107,11 +121,12 @@ def plot(
 
     finite = [e for e in epsilons if not math.isinf(e)]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for index, (method, p) in enumerate((m, p) for m in METHODS for p in HETEROGENEITY):
+    for index, (method, p) in enumerate(rows(methods)):
         colour = f"C{index}"
         means = [100 * np.mean(results[(method, p, e)]["nmi"]) for e in finite]
         stds = [100 * np.std(results[(method, p, e)]["nmi"]) for e in finite]
-        ax.errorbar(finite, means, yerr=stds, marker="o", capsize=3, color=colour, label=f"{method}, p={p:g}")
+        name = f"{method}, {SETTINGS[method][0]}, {SETTINGS[method][1]} clients, p={p:g}"
+        ax.errorbar(finite, means, yerr=stds, marker="o", capsize=3, color=colour, label=name)
         if math.inf in epsilons:
             ax.axhline(
                 100 * np.mean(results[(method, p, math.inf)]["nmi"]), color=colour, linestyle="--", alpha=0.6
@@ -119,7 +134,7 @@ def plot(
     ax.set_xscale("log")
     ax.set_xlabel("epsilon (delta = 1e-5); dashed: DP off")
     ax.set_ylabel("NMI (%)")
-    ax.set_title("MNIST, 10 clients: privacy vs utility")
+    ax.set_title("privacy vs utility")
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
     fig.tight_layout()
@@ -133,23 +148,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="python -m simulation.privacy.sweep", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--out", type=Path, default=Path("results/privacy-sweep"), help="run directories")
-    parser.add_argument("--dataset", default="mnist")
-    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument(
+        "--methods", nargs="+", choices=sorted(SETTINGS), default=["ffcm", "kfed"], help="rows to run"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="FFCM rounds (k-FED is one-shot)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max-samples", type=int, default=0, help="> 0: a class-stratified subsample")
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--quick", action="store_true", help="1 seed, epsilon 1 / 8 / off, 3000 samples")
+    parser.add_argument("--epsilons", type=float, nargs="+", help="a subset of the epsilons (inf: DP off)")
     parser.add_argument("--plot", type=Path, default=Path("docs/privacy-utility.png"))
     args = parser.parse_args(argv)
-    args.epsilons = EPSILONS
+    args.epsilons = tuple(args.epsilons) if args.epsilons else EPSILONS
     if args.quick:
         args.seeds, args.epsilons, args.max_samples = 1, (1.0, 8.0, math.inf), args.max_samples or 3000
     results = sweep(args)
     print()
-    print(markdown(results, args.epsilons))
-    plot(results, args.epsilons, args.plot)
+    print(markdown(results, args.epsilons, args.methods))
+    plot(results, args.epsilons, args.methods, args.plot)
     print(f"\nwrote {args.plot}")
 
 
