@@ -41,3 +41,27 @@ def kmeans(
     else:
         model.fit(X, sample_weight=sample_weight)
     return model.cluster_centers_.astype(np.float64), model.labels_.astype(np.int64)
+
+
+def gaussian_centres(mean: np.ndarray, std: np.ndarray, count: int, seed: int | list[int]) -> np.ndarray:
+    """`count` seeded draws from N(mean, std^2) per feature: centres when only moments of the data are
+    known (secure or private sums) or when there are fewer points than clusters."""
+    rng = np.random.default_rng(seed)
+    return mean + std * rng.standard_normal((count, mean.shape[0]))
+
+
+def centres_from_moments(mean: np.ndarray, mean_square: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Initial centres for secure aggregation: k seeded draws from N(mean, variance) per feature.
+
+    The federated mean and mean square are sums, so SecAgg+ can hide each client's share; local
+    clustering centres (the default inits) cannot be merged by a sum.
+    """
+    return gaussian_centres(mean, np.sqrt(np.maximum(mean_square - mean**2, 0.0)), k, [seed, 0xFC3])
+
+
+def centres_from_noisy_moments(
+    sums: list[np.ndarray], squares: list[np.ndarray], counts: list[np.ndarray], k: int, seed: int
+) -> np.ndarray:
+    """Initial centres under DP: the moments init on sum x / count and sum x*x / count of noisy sums."""
+    count = max(float(np.sum(counts)), 1.0)
+    return centres_from_moments(np.sum(sums, axis=0) / count, np.sum(squares, axis=0) / count, k, seed)

@@ -19,7 +19,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from fedapp.clustering import kmeans
+from fedapp.clustering import gaussian_centres, kmeans
 from fedapp.privacy import CLIENT_MIN_CLUSTER, floored_kmeans
 
 
@@ -382,8 +382,8 @@ def padded_centres(points: np.ndarray, weights: np.ndarray | None, k: int, seed:
     w = np.ones(points.shape[0]) if weights is None else np.maximum(weights, 0.0) + 1e-12
     mean = np.average(points, axis=0, weights=w)
     std = np.sqrt(np.average((points - mean) ** 2, axis=0, weights=w))
-    rng = np.random.default_rng([seed, k, points.shape[0]])
-    return np.vstack([points, mean + std * rng.standard_normal((k - points.shape[0], points.shape[1]))])
+    extra = gaussian_centres(mean, std, k - points.shape[0], [seed, k, points.shape[0]])
+    return np.vstack([points, extra])
 
 
 def aggregate_centres(

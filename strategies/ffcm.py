@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
-from fedapp.clustering import kmeans
+from fedapp.clustering import centres_from_moments, centres_from_noisy_moments, kmeans
 from fedapp.config import RunConfig
 from fedapp.dp import RELEASES_KEY, privacy_summary
 from fedapp.methods.ffcm import FFCMConfig
@@ -59,25 +59,6 @@ def centres_from_sums(
     if empty.any():
         centres[empty] = previous[empty]  # type: ignore[index]
     return centres
-
-
-def centres_from_noisy_moments(
-    sums: list[np.ndarray], squares: list[np.ndarray], counts: list[np.ndarray], k: int, seed: int
-) -> np.ndarray:
-    """Initial centres under DP: the moments init on sum x / count and sum x*x / count of noisy sums."""
-    count = max(float(np.sum(counts)), 1.0)
-    return centres_from_moments(np.sum(sums, axis=0) / count, np.sum(squares, axis=0) / count, k, seed)
-
-
-def centres_from_moments(mean: np.ndarray, mean_square: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """Initial centres for secure aggregation: k seeded draws from N(mean, variance) per feature.
-
-    The federated mean and mean square are sums, so SecAgg+ can hide each client's share; local FCM
-    centres (the default init) cannot be merged by a sum.
-    """
-    std = np.sqrt(np.maximum(mean_square - mean**2, 0.0))
-    rng = np.random.default_rng([seed, 0xFC3])
-    return mean + std * rng.standard_normal((k, mean.shape[0]))
 
 
 def relative_shift(old: np.ndarray, new: np.ndarray) -> float:

@@ -32,6 +32,7 @@ import torch
 from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
+from fedapp.clustering import centres_from_moments, centres_from_noisy_moments
 from fedapp.config import RunConfig
 from fedapp.dp import RELEASES_KEY, privacy_summary
 from fedapp.fstc_math import aggregate_centres, initial_centres
@@ -53,7 +54,6 @@ from fedapp.protocol import ArraySpec, ReplyError
 from fedapp.secure_sum import secure_specs
 from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
-from strategies.ffcm import centres_from_moments, centres_from_noisy_moments
 from strategies.secure import SecureSumStrategy
 
 EMPTY_TOTAL = 0.5  # under SecAgg+ a cluster's count total is noisy: below half a record it is empty

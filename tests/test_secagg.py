@@ -21,6 +21,7 @@ import pytest
 from flwr.common import Array, ArrayRecord, Code, FitRes, RecordDict, Status, ndarrays_to_parameters
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
+from fedapp.clustering import centres_from_moments
 from fedapp.config import parse_run_config
 from fedapp.fstc_math import aggregate_centres
 from fedapp.protocol import ArraySpec, ReplyError
@@ -40,7 +41,6 @@ from fedapp.secure_sum import (
 )
 from fedapp.server_loop import WIRE_BYTES_FILE, CountingGrid
 from simulation.runner import build_overrides, execute
-from strategies.ffcm import centres_from_moments
 from strategies.fstc import FSTCStrategy, centres_from_totals
 from tests.flower_mocks import mock_proxy
 
