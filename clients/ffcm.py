@@ -154,6 +154,6 @@ class FFCMClient(ClusteringClient):
         """Hard label = nearest centre; score = its FCM membership under the run's fuzzifier."""
         labels = self.predict(parameters, config)
         memberships = fcm_memberships(self.space, parameters[0], self.cfg.params(FFCMConfig).fuzziness)
-        # under DP the report's label-free sums are withheld (no metric space): they would be exact
-        space = None if self.cfg.dp.enabled else self.data.features
+        # under DP the report clips and noises (or withholds) its statistics itself (clients/base.py)
+        space = self.data.features
         return Assignment(labels, memberships[np.arange(len(labels)), labels], "membership", space)

@@ -122,5 +122,5 @@ class KFedClient(ClusteringClient):
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
         labels, distances = nearest_with_distance(self.space, parameters[0])
-        # under DP the report's label-free sums are withheld (no metric space): they would be exact
-        return Assignment(labels, distances, "distance", None if self.cfg.dp.enabled else self.data.features)
+        # under DP the report clips and noises (or withholds) its statistics itself (clients/base.py)
+        return Assignment(labels, distances, "distance", self.data.features)

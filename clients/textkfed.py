@@ -80,6 +80,6 @@ class SentenceKFedClient(ClusteringClient):
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
         embeddings = self.embeddings()
-        # under DP the report's label-free sums are withheld (no metric space): they would be exact
-        space = None if self.cfg.dp.enabled else embeddings
+        # under DP the report clips and noises (or withholds) its statistics itself (clients/base.py)
+        space = embeddings
         return Assignment(*nearest_with_distance(embeddings, parameters[0]), "distance", space)

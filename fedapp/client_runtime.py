@@ -3,7 +3,9 @@
 `ManagedClient` wraps the method's NumPyClient. It adds `client-seconds` (the wall time of this client's
 fit or evaluate call) to the reply's metrics, so the server can split a round into its own work, the
 clients' compute and the rest (transport, scheduling); and, with `checkpoint-every` / `resume`, it saves
-`context.state` after each fit and reloads it once after a resume (see fedapp/checkpoint.py).
+`context.state` after each fit and reloads it once after a resume (see fedapp/checkpoint.py). A fit
+message that carries the final report's stage (`fedapp.report`, sent so under SecAgg+) goes to the
+client's `secure_report`, not to the method's training step.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from flwr.common import ConfigRecord, Context, NDArrays, RecordDict, Scalar
 
 from fedapp.checkpoint import RESUME_KEY, load_client_state, save_client_state
 from fedapp.config import RunConfig
+from fedapp.report import REPORT_KEY
 
 SECONDS_KEY = "client-seconds"  # metrics key: this client's compute time for the message
 _RESTORED = "fedapp.restored"  # context.state marker: this client has reloaded its state
@@ -41,6 +44,9 @@ class ManagedClient(NumPyClient):
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         started = time.perf_counter()
+        if REPORT_KEY in config:  # the final report through SecAgg+: no training, nothing to checkpoint
+            arrays, n, metrics = self.inner.secure_report(parameters, config)  # type: ignore[attr-defined]
+            return arrays, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
         self._restore_once(config)
         arrays, n, metrics = self.inner.fit(parameters, config)
         server_round = config.get("server-round")

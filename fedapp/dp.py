@@ -19,7 +19,8 @@ count); ||x*x||_2 <= ||x||_2^2 <= clip^2, so its sensitivity is sqrt(clip^2 + cl
 **Noise and accounting.** Every release adds N(0, (z * sensitivity)^2) to each coordinate with one noise
 multiplier z for the whole run, so each release is a `GaussianDpEvent(z)`; the run's epsilon at delta is
 the RDP accountant's (Google's `dp-accounting`) for the client's releases. `calibrate` finds the smallest
-z whose *planned* schedule spends at most the target epsilon; `epsilon_spent` reports what ran.
+z whose *planned* schedule spends at most the target epsilon; `epsilon_spent` reports what ran. The
+plan includes the final report's releases when it is noised (`dp.report = noise`, `report_releases`).
 
 **Client-level releases (model updates: CCFC, gFedNTM, FSTC's final model).** An update computed by
 training on all of a client's records has no bounded per-record sensitivity, so it is clipped as a whole
@@ -50,8 +51,11 @@ UNITS = {"ffcm": "record", "kfed": "record", "fsbert-kfed": "record", "fstc": "r
     "ccfc": "client",
     "gfedntm": "client",
 }
-# what a DP run of the method still sends unnoised (summary.json `privacy.dp.not_covered`); evaluation
-# messages and the final report's cluster sizes are not covered for any method (docs/privacy.md)
+# what a DP run of the method still sends unnoised (summary.json `privacy.dp.not_covered`); the evaluation
+# messages are not covered for any method (`EVALUATION_NOT_COVERED`, docs/privacy.md)
+EVALUATION_NOT_COVERED = (
+    "evaluation rounds: contingency tables (with labels) or cluster sizes (without), sent exactly",
+)
 NOT_COVERED = {
     "gfedntm": (
         "round 1 vocabulary: each client's term list and exact document frequencies",
@@ -62,6 +66,11 @@ NOT_COVERED = {
 RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm buffers computed from the data
 RELEASES_KEY = "dp-releases"  # fit metrics: how many noisy releases this client has made in this run
 STATE_KEY = "fedapp.dp"  # context.state: the client's own count of its releases
+
+
+REPORT_NOISE, REPORT_WITHHOLD = "noise", "withhold"
+REPORT_MODES = (REPORT_NOISE, REPORT_WITHHOLD)
+REPORT_RELEASES = 2  # final report under `dp.report = noise`: (sizes, sums), then (distance sums, silhouette)
 
 
 class PrivacyBudgetError(RuntimeError):
@@ -92,6 +101,12 @@ class DPConfig(ConfigSection):
         doc="differential privacy: L2 norm a model update (CCFC delta, gFedNTM gradient, FSTC's final "
         "model delta) is clipped to",
     )
+    report: str = config_key(
+        "withhold",
+        choices=REPORT_MODES,
+        doc="final report under DP: withhold = only the local assignments; noise = noisy cluster sizes, "
+        "sums and distance sums (2 more releases in the plan, so more noise; record-level methods only)",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -118,6 +133,19 @@ def planned_releases(method: str, num_rounds: int, lloyd_iters: int) -> int:
     )
 
 
+def report_releases(dp: DPConfig, method: str) -> int:
+    """The final report's noisy releases (`REPORT_RELEASES`, or 0 when it sends nothing private).
+
+    Only record-level methods release it: a client-level bound on cluster sizes and sums would need
+    noise on the scale of a client's whole data, so CCFC and gFedNTM always withhold the report."""
+    return REPORT_RELEASES if dp.report == REPORT_NOISE and UNITS.get(method) == "record" else 0
+
+
+def total_releases(dp: DPConfig, method: str, num_rounds: int) -> int:
+    """Every noisy release one client makes in a full run: training (`planned_releases`) + the report."""
+    return planned_releases(method, num_rounds, dp.lloyd_iters) + report_releases(dp, method)
+
+
 # ------------------------------------------------------------------------------------ mechanism
 def clip_rows(X: np.ndarray, clip: float) -> np.ndarray:
     """Each row scaled down to L2 norm <= `clip` (rows already inside the ball are unchanged)."""
@@ -129,6 +157,13 @@ def clip_rows(X: np.ndarray, clip: float) -> np.ndarray:
 def sum_count_sensitivity(clip: float) -> float:
     """L2 sensitivity of (per-cluster sums, per-cluster counts) of clipped records (module docstring)."""
     return math.sqrt(clip**2 + 1.0)
+
+
+def distance_sensitivity(clip: float) -> float:
+    """L2 sensitivity of the report's (per-cluster distance sums, squared distance sums, silhouette sum)
+    of clipped records around means inside the clip ball: one record adds d <= 2 clip to one distance
+    sum, d^2 <= 4 clip^2 to one squared sum and s in [-1, 1] to the silhouette sum."""
+    return math.sqrt((2 * clip) ** 2 + (2 * clip) ** 4 + 1.0)
 
 
 def moments_sensitivity(clip: float) -> float:
@@ -249,8 +284,8 @@ def calibrate(epsilon: float, delta: float, releases: int, tolerance: float = 1e
 
 
 def noise_multiplier(dp: DPConfig, method: str, num_rounds: int) -> float:
-    """The run's noise multiplier: calibrated to the method's planned schedule."""
-    return calibrate(dp.epsilon, dp.delta, planned_releases(method, num_rounds, dp.lloyd_iters))
+    """The run's noise multiplier: calibrated to the method's planned schedule, the report included."""
+    return calibrate(dp.epsilon, dp.delta, total_releases(dp, method, num_rounds))
 
 
 def privacy_summary(dp: DPConfig, method: str, num_rounds: int, releases: int) -> dict[str, object]:
@@ -265,10 +300,11 @@ def privacy_summary(dp: DPConfig, method: str, num_rounds: int, releases: int) -
         "clip": dp.model_clip if UNITS[method] == "client" else dp.clip,
         "noise_multiplier": z,
         "releases": releases,
-        "planned_releases": planned_releases(method, num_rounds, dp.lloyd_iters),
+        "planned_releases": total_releases(dp, method, num_rounds),
         "epsilon_spent": epsilon_spent(z, releases, dp.delta),
         "accountant": "rdp",
-        "not_covered": list(NOT_COVERED.get(method, ())),
+        "not_covered": [*NOT_COVERED.get(method, ()), *EVALUATION_NOT_COVERED],
+        "report": report_summary(dp, method),
     }
     if method == "fstc":  # the final model: also client-level on its own (docstring)
         block["model"] = {
@@ -279,6 +315,25 @@ def privacy_summary(dp: DPConfig, method: str, num_rounds: int, releases: int) -
             "releases": 1,
         }
     return {"dp": block}
+
+
+def report_summary(dp: DPConfig, method: str) -> dict[str, object]:
+    """`privacy.dp.report`: what the final report released under DP, and how many releases it planned."""
+    releases = report_releases(dp, method)
+    if releases:
+        released = (
+            "noisy cluster sizes and per-cluster sums of the clipped records, then noisy per-cluster "
+            "distance sums and the silhouette sum around the pooled means (projected into the clip ball); "
+            "label-free metrics computed from them are noisy; keywords withheld"
+        )
+    else:
+        why = "dp.report = withhold" if dp.report == REPORT_WITHHOLD else f"unit '{UNITS[method]}'"
+        released = f"nothing ({why}): no sizes, sums or keywords; assignments.csv stays on each node"
+    return {
+        "mode": dp.report if releases else REPORT_WITHHOLD,
+        "planned_releases": releases,
+        "released": released,
+    }
 
 
 def count_releases(state: RecordDict, planned: int, new: int = 1) -> int:

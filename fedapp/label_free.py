@@ -225,6 +225,31 @@ def merge_distance_sums(parts: Iterable[DistanceSums]) -> DistanceSums:
     )
 
 
+def approximate_cluster_sums(sizes: np.ndarray, sums: np.ndarray) -> ClusterSums:
+    """Server side: `ClusterSums` from totals that are only approximately counts (differentially private
+    noise, SecAgg+'s quantisation): counts rounded and clamped at 0, sums zeroed where a count is 0."""
+    sizes = _frozen_array(sizes, "sizes", 1, "iuf", np.float64)
+    sums = np.array(_frozen_array(sums, "sums", 2, "iuf", np.float64))
+    counts = np.maximum(np.rint(sizes), 0).astype(np.int64)
+    if sums.shape[0] != counts.size:
+        raise LabelFreeError(f"sizes {counts.shape} and sums {sums.shape} must be (K,) and (K, D)")
+    sums[counts == 0] = 0.0
+    return ClusterSums(counts, sums)
+
+
+def approximate_distance_sums(
+    distances: np.ndarray, squared: np.ndarray, silhouette_sum: float, counts: np.ndarray
+) -> DistanceSums:
+    """Server side: `DistanceSums` from approximate totals (noise, quantisation) for the pooled `counts`:
+    negative sums clamped at 0, clusters with count 0 zeroed, n = the pooled count, silhouette in [-n, n]."""
+    counts = _frozen_array(counts, "counts", 1, "iu", np.int64)
+    empty = counts == 0
+    distances = np.where(empty, 0.0, np.maximum(_frozen_array(distances, "distances", 1, "iuf", float), 0.0))
+    squared = np.where(empty, 0.0, np.maximum(_frozen_array(squared, "squared", 1, "iuf", float), 0.0))
+    n = int(counts.sum())
+    return DistanceSums(distances, squared, float(np.clip(silhouette_sum, -n, n)), n)
+
+
 def label_free_metrics(sums: ClusterSums, distances: DistanceSums) -> LabelFreeMetrics:
     """Server side: inertia, Calinski-Harabasz, Davies-Bouldin, simplified silhouette, cluster sizes.
 
@@ -296,6 +321,17 @@ def _loadz(blob: bytes, names: set[str], what: str) -> dict[str, np.ndarray]:
         raise
     except (ValueError, OSError, EOFError, KeyError, AttributeError, zipfile.BadZipFile) as exc:
         raise LabelFreeError(f"encoded {what} is not a valid .npz archive: {exc}".splitlines()[0]) from None
+
+
+def encode_arrays(**arrays: np.ndarray) -> bytes:
+    """Named float arrays (the report's noisy statistics under DP) as one .npz metrics value."""
+    return _savez(**{name: np.asarray(a, dtype=np.float64) for name, a in arrays.items()})
+
+
+def decode_arrays(blob: bytes, names: set[str], what: str) -> dict[str, np.ndarray]:
+    """Validated inverse of `encode_arrays`: exactly `names`, finite real values."""
+    arrays = _loadz(blob, names, what)
+    return {name: _frozen_array(a, name, a.ndim, "iuf", np.float64) for name, a in arrays.items()}
 
 
 def encode_cluster_sums(sums: ClusterSums) -> bytes:

@@ -49,7 +49,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
 from fedapp.config import RunConfig
-from fedapp.report import STAGES
+from fedapp.report import SECURE_DONE, SECURE_RETRY, STAGES
 
 REPORT_GROUP = 0  # message group id of the final report (Flower's rounds start at 1)
 
@@ -198,13 +198,7 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
     if not isinstance(strategy, FinalizingStrategy):
         raise TypeError(f"{type(strategy).__name__} lacks `done` and `finalize` (see FinalizingStrategy)")
     legacy = LegacyContext(context, config=config, strategy=strategy, client_manager=server.client_manager())
-    fit = SecAggPlusWorkflow(
-        num_shares=1.0,  # every sampled client holds a share of every other's mask
-        reconstruction_threshold=0.5,  # masks of clients lost mid-protocol are recovered from half the shares
-        clipping_range=cfg.secagg_clip,
-        max_weight=cfg.secagg_max_weight,
-        timeout=config.round_timeout,
-    )
+    fit = secure_workflow(cfg, config.round_timeout)
     thread, stop, registered = start_update_client_manager_thread(grid, legacy.client_manager)
     registered.wait()
     try:
@@ -232,7 +226,7 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
             strategy.round_done(server_round)
             if strategy.done:
                 break
-        run_report(strategy, legacy.client_manager, config.round_timeout, None)
+        run_secure_report(grid, legacy, cfg, config.round_timeout)
     except BaseException as exc:
         strategy.finalize(failure=f"{type(exc).__name__}: {exc}")
         raise
@@ -240,6 +234,69 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
         stop.set()
         thread.join()
     strategy.finalize()
+
+
+SECURE_REPORT_TRIES = 4  # SecAgg+ attempts per report stage; each after clipping divides the scale by 16
+SECURE_REPORT_SHRINK = 16.0
+
+
+class SecureReportStage:
+    """One report stage in the shape SecAggPlusWorkflow drives (`configure_fit` / `aggregate_fit`), so
+    Flower's SecAgg+ aggregates the report's statistics as it does a training round (`fedapp.report`)."""
+
+    def __init__(self, strategy: FinalizingStrategy, stage: str, scale: float, last_try: bool) -> None:
+        self.strategy, self.stage, self.scale, self.last_try = strategy, stage, scale, last_try
+        self.outcome: str | None = None  # None: SecAgg+ never got to aggregate (too few clients, a failure)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        return self.strategy.configure_secure_report(self.stage, client_manager, self.scale)  # type: ignore[attr-defined]
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[None, dict]:
+        self.outcome = self.strategy.aggregate_secure_report(  # type: ignore[attr-defined]
+            self.stage, results, failures, self.scale, self.last_try
+        )
+        return None, {}  # the global model stays as it is
+
+
+def run_secure_report(grid: Grid, legacy: LegacyContext, cfg: RunConfig, timeout: float | None) -> None:
+    """The final report with its statistics aggregated by SecAgg+ (each stage a secure fit round,
+    message group `REPORT_GROUP`): the server learns the totals, not a client's sizes or sums. A stage
+    whose values SecAgg+ would clip is asked again with the sums scaled down (a public factor)."""
+    round_config = legacy.state.config_records[MAIN_CONFIGS_RECORD]
+    round_config[Key.CURRENT_ROUND] = REPORT_GROUP
+    for stage in STAGES:
+        scale = 1.0
+        for attempt in range(SECURE_REPORT_TRIES):
+            adapter = SecureReportStage(legacy.strategy, stage, scale, attempt == SECURE_REPORT_TRIES - 1)  # type: ignore[arg-type]
+            context = LegacyContext(
+                legacy, config=legacy.config, strategy=adapter, client_manager=legacy.client_manager
+            )  # type: ignore[arg-type]
+            secure_workflow(cfg, timeout)(grid, context)
+            if adapter.outcome != SECURE_RETRY:
+                break
+            scale /= SECURE_REPORT_SHRINK
+        if adapter.outcome != SECURE_DONE:
+            if adapter.outcome is None:
+                log(INFO, "final report (%s): nothing aggregated (run stopped, or under 2 clients)", stage)
+            return
+
+
+def secure_workflow(cfg: RunConfig, timeout: float | None) -> SecAggPlusWorkflow:
+    """Flower's SecAgg+ with this project's settings (`secagg-clip`, `secagg-max-weight`)."""
+    return SecAggPlusWorkflow(
+        num_shares=1.0,  # every sampled client holds a share of every other's mask
+        reconstruction_threshold=0.5,  # masks of clients lost mid-protocol are recovered from half the shares
+        clipping_range=cfg.secagg_clip,
+        max_weight=cfg.secagg_max_weight,
+        timeout=timeout,
+    )
 
 
 def plain_fit(legacy: LegacyContext, server_round: int, timeout: float | None) -> None:

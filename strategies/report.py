@@ -6,6 +6,12 @@ and, with the pooled cluster means that gives, for distances (`distances`). What
 into the label-free metrics (exactly those of the pooled data), cluster sizes and, for texts, c-TF-IDF
 keywords; then `OUT/model/` is written. A client that fails the report is named in the status.
 
+Under SecAgg+ (`secagg`) the two stages are fit messages aggregated by Flower's SecAgg+
+(`configure_secure_report` / `aggregate_secure_report`, driven by `fedapp.server_loop.run_secure_report`):
+the server gets only the totals of sizes, sums and distance sums, which it rounds and merges as the plain
+report merges the clients' parts. Under differential privacy the clients send noisy statistics of
+clipped records or nothing (`dp.report`); the metrics from noisy totals are clamped and marked `noisy`.
+
 Vertical federations: each party reports on its own view of the same (aligned) records, so the sums are
 concatenated along the features; inertia and Calinski–Harabasz are exact on the concatenated views,
 while Davies–Bouldin and the silhouette would need per-record distances across parties and are left out.
@@ -21,6 +27,8 @@ import numpy as np
 from flwr.common import (
     EvaluateIns,
     EvaluateRes,
+    FitIns,
+    FitRes,
     Parameters,
     log,
     ndarrays_to_parameters,
@@ -29,11 +37,15 @@ from flwr.common import (
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from fedapp.dp import RELEASES_KEY, clip_rows, report_summary
 from fedapp.label_free import (
     ClusterSums,
     DistanceSums,
     LabelFreeError,
+    approximate_cluster_sums,
+    approximate_distance_sums,
     ctfidf_keywords,
+    decode_arrays,
     decode_cluster_sums,
     decode_distance_sums,
     decode_term_counts,
@@ -49,19 +61,30 @@ from fedapp.node_outputs import SCORE_KINDS
 from fedapp.protocol import decode_array
 from fedapp.report import (
     DISTANCES_KEY,
+    NOISY_ASSIGN,
+    NOISY_DISTANCES,
+    NOISY_KEY,
     REPORT_KEY,
     ROWS_KEY,
+    SCALE_KEY,
     SCORE_KIND_KEY,
+    SECURE_DONE,
+    SECURE_RETRY,
+    SECURE_STOP,
     SIZES_KEY,
     STAGE_ASSIGN,
     STAGE_DISTANCES,
     SUMS_KEY,
     TERMS_KEY,
+    assign_from_totals,
+    distances_from_totals,
 )
 from fedapp.results import PROGRESS_MARKER
+from fedapp.secure_sum import CLIPPED_KEY
 from strategies.replies import describe_failure
 
 KEYWORDS = 10  # keywords kept per cluster
+POOLED = -1  # key of the one pooled part when only totals reach the server (SecAgg+, DP)
 
 
 class ReportingStrategy:
@@ -122,6 +145,8 @@ class ReportingStrategy:
     def _distance_instructions(self) -> list[tuple[ClientProxy, EvaluateIns]]:
         sums = self._pooled_sums()
         means, counts = pooled_means(sums), sums.counts
+        if self.cfg.dp.enabled:  # type: ignore[attr-defined]  # noisy means, into the records' clip ball
+            means = clip_rows(means, self.cfg.dp.clip)  # type: ignore[attr-defined]
         config = {REPORT_KEY: STAGE_DISTANCES}
         instructions = []
         offsets = self._view_offsets()
@@ -164,6 +189,11 @@ class ReportingStrategy:
         record = self.report.setdefault("problems", {})
         if missing:
             record[stage] = missing
+        if self.cfg.dp.enabled:  # type: ignore[attr-defined]
+            self._count_releases(results)
+            if stage == STAGE_ASSIGN:
+                return self._take_noisy_assignments(results)
+            return self._take_noisy_distances(results)
         if stage == STAGE_ASSIGN:
             return self._take_assignments(results)
         return self._take_distances(results)
@@ -269,6 +299,10 @@ class ReportingStrategy:
             )
         else:
             merged = merge_distance_sums(ordered)
+        return self._label_free(merged)
+
+    def _label_free(self, merged: DistanceSums) -> bool:
+        """The label-free metrics of the pooled sums and `merged` distances, into the report and metrics."""
         metrics = label_free_metrics(self._pooled_sums(), merged)
         if self.vertical:  # per-record distances across parties would be needed (module docstring)
             metrics["davies_bouldin"] = metrics["simplified_silhouette"] = None
@@ -277,6 +311,186 @@ class ReportingStrategy:
         self.final_metrics = {**(self.final_metrics or {}), **scalars}  # type: ignore[has-type]
         log(INFO, "%s final report: %s", PROGRESS_MARKER, _describe_metrics(metrics))
         return True
+
+    # ------------------------------------------------------------------------ differential privacy
+    def _count_releases(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> None:
+        made = [res.metrics.get(RELEASES_KEY) for _, res in results]
+        spent = max((m for m in made if isinstance(m, int)), default=0)
+        self.dp_releases = max(getattr(self, "dp_releases", 0), spent)
+
+    def _take_noisy_assignments(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
+        """Stage 1 under DP: the noisy totals (clamped, rounded) or, with `dp.report` withholding,
+        only who answered and what their scores mean."""
+        dp = self.cfg.dp  # type: ignore[attr-defined]
+        self.report["dp"] = report_summary(dp, self.cfg.method)  # type: ignore[attr-defined]
+        self._report_sums, self._report_clients, self._report_terms = {}, {}, []
+        self._record_score_kinds(results)
+        parts, clients, rejected = [], {}, []
+        for client, res in sorted(results, key=lambda item: item[0].cid):
+            partition = res.metrics.get("partition-id")
+            if not isinstance(partition, int):
+                rejected.append(client.cid)
+                continue
+            clients[partition] = client
+            if NOISY_KEY not in res.metrics:
+                continue
+            try:
+                blob = res.metrics[NOISY_KEY]
+                try:
+                    parts.append(decode_arrays(blob, NOISY_ASSIGN, "noisy statistics"))  # type: ignore[arg-type]
+                except LabelFreeError:  # a method without a metric space sends only its sizes
+                    parts.append(decode_arrays(blob, {"sizes"}, "noisy statistics"))  # type: ignore[arg-type]
+            except LabelFreeError as exc:
+                rejected.append(client.cid)
+                log(WARNING, "final report: rejected client %s: %s", client.cid, exc)
+        if rejected:
+            self.report.setdefault("problems", {})["rejected"] = rejected
+        self.report["assigned_rows"] = {}  # a client's record count is private under DP
+        if not parts:
+            self.report["cluster_sizes"] = None
+            return False
+        k = self.k  # type: ignore[attr-defined]
+        sizes = np.sum([part["sizes"] for part in parts], axis=0)
+        self.report["noisy"] = True
+        if sizes.shape != (k,) or any(set(part) != set(parts[0]) for part in parts):
+            log(WARNING, "final report: noisy statistics of different shapes; no label-free metrics")
+            return False
+        if "sums" not in parts[0]:
+            self.report["cluster_sizes"] = np.maximum(np.rint(sizes), 0).astype(np.int64).tolist()
+            return False
+        pooled = approximate_cluster_sums(sizes, np.sum([part["sums"] for part in parts], axis=0))
+        self.report["cluster_sizes"] = pooled.counts.tolist()
+        if int((pooled.counts > 0).sum()) < 1:
+            return False
+        self._report_sums, self._report_clients = {POOLED: pooled}, clients
+        return True
+
+    def _take_noisy_distances(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
+        parts = []
+        for client, res in results:
+            try:
+                parts.append(decode_arrays(res.metrics.get(NOISY_KEY), NOISY_DISTANCES, "noisy distances"))  # type: ignore[arg-type]
+            except LabelFreeError as exc:
+                log(WARNING, "final report: rejected distances of client %s: %s", client.cid, exc)
+        if len(parts) != len(self._report_clients):
+            log(
+                WARNING,
+                "final report: noisy distances of %d of %d clients",
+                len(parts),
+                len(self._report_clients),
+            )
+            return False
+        total = {name: np.sum([part[name] for part in parts], axis=0) for name in NOISY_DISTANCES}
+        counts = self._pooled_sums().counts
+        merged = approximate_distance_sums(
+            total["distance_sums"], total["squared_sums"], float(total["silhouette_sum"]), counts
+        )
+        return self._label_free(merged)
+
+    def _record_score_kinds(self, results: list[tuple[ClientProxy, Any]]) -> None:
+        kinds = {str(res.metrics.get(SCORE_KIND_KEY, "none")) for _, res in results}
+        if len(kinds) == 1:
+            kind = kinds.pop()
+            self.report["score"] = {"kind": kind, "meaning": SCORE_KINDS.get(kind, "")}
+
+    # ------------------------------------------------------------------------------------ SecAgg+
+    def configure_secure_report(
+        self, stage: str, client_manager: ClientManager, scale: float
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """A stage's instructions as fit messages for SecAgg+, the sums multiplied by `scale` (public)."""
+        started = self._report_started
+        evaluate = self.configure_report(stage, client_manager)
+        if stage == STAGE_DISTANCES and started:
+            self._report_started = started  # a retried stage does not restart the report's clock
+        config = {REPORT_KEY: stage, SCALE_KEY: scale}
+        return [(client, FitIns(ins.parameters, config)) for client, ins in evaluate]
+
+    def aggregate_secure_report(
+        self,
+        stage: str,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+        scale: float,
+        last_try: bool,
+    ) -> str:
+        """Take a stage's secure totals: SECURE_DONE, SECURE_RETRY (SecAgg+ clipped a value: ask again
+        with a smaller scale) or SECURE_STOP (the report cannot go on)."""
+        for failure in failures:
+            log(WARNING, "final report (%s, SecAgg+): client failure: %s", stage, describe_failure(failure))
+        self.record.received(self._report_round, "report", results)  # type: ignore[attr-defined]
+        self.report["seconds"] = time.perf_counter() - self._report_started
+        secure = self.report.setdefault("secagg", {"scale": {}, "attempts": {}, "largest_rounding": 0.0})
+        secure["attempts"][stage] = secure["attempts"].get(stage, 0) + 1
+        missing = sorted(set(self._report_cids) - {client.cid for client, _ in results})
+        if missing:
+            self.report.setdefault("problems", {})[stage] = missing
+        if not results:
+            return SECURE_STOP
+        clipped = sum(int(res.metrics.get(CLIPPED_KEY, 0)) for _, res in results)  # type: ignore[call-overload]
+        if clipped and not last_try:
+            log(
+                INFO,
+                "final report (%s): SecAgg+ would clip %d values at scale %g; again",
+                stage,
+                clipped,
+                scale,
+            )
+            return SECURE_RETRY
+        if clipped:
+            self.secagg_clipped = getattr(self, "secagg_clipped", 0) + clipped
+            log(WARNING, "final report (%s): SecAgg+ clipped %d values (raise secagg-clip)", stage, clipped)
+        secure["scale"][stage] = scale
+        weight = sum(int(res.num_examples) for _, res in results)
+        totals = [
+            np.asarray(a, np.float64) * weight for a in parameters_to_ndarrays(results[0][1].parameters)
+        ]
+        try:
+            if stage == STAGE_ASSIGN:
+                return self._take_secure_assignments(results, totals, scale)
+            return self._take_secure_distances(totals, scale)
+        except (ValueError, LabelFreeError) as exc:
+            log(WARNING, "final report (%s, SecAgg+): %s", stage, exc)
+            self.report.setdefault("problems", {}).setdefault("rejected", []).append(str(exc))
+            return SECURE_STOP
+
+    def _take_secure_assignments(
+        self, results: list[tuple[ClientProxy, FitRes]], totals: list[np.ndarray], scale: float
+    ) -> str:
+        """Stage 1's totals; every reply inside the secure sum must be valid, since a share cannot be
+        taken out of it again."""
+        k = self.k  # type: ignore[attr-defined]
+        rows, clients, terms = {}, {}, []
+        for client, res in sorted(results, key=lambda item: item[0].cid):
+            partition = res.metrics.get("partition-id")
+            if not isinstance(partition, int) or res.metrics.get(ROWS_KEY) != res.num_examples:
+                raise ValueError(f"client {client.cid}: no partition-id or row count, inside the secure sum")
+            if TERMS_KEY in res.metrics:
+                terms.append(decode_term_counts(res.metrics[TERMS_KEY], k))  # type: ignore[arg-type]
+            rows[str(partition)], clients[partition] = int(res.num_examples), client
+        sizes, pooled = assign_from_totals(totals, k, scale)
+        approximate = [totals[0]] + ([totals[1]] if pooled is not None else [])
+        rounding = max(float(np.abs(t - np.rint(t)).max()) for t in approximate)
+        self.report["secagg"]["largest_rounding"] = rounding  # > 0.5: a count may be off by one
+        self._report_sums, self._report_clients, self._report_terms = {}, {}, terms
+        self.report["assigned_rows"] = dict(sorted(rows.items(), key=lambda kv: int(kv[0])))
+        self.report["cluster_sizes"] = sizes.tolist()
+        self._record_score_kinds(results)
+        if terms:
+            self.report["keywords"] = ctfidf_keywords(merge_term_counts(terms), KEYWORDS)
+        if pooled is None:
+            return SECURE_STOP  # no metric space: nothing for stage 2
+        self.report["withheld_records"] = int(sizes.sum() - pooled.counts.sum())
+        self._report_sums, self._report_clients = {POOLED: pooled}, clients
+        return SECURE_DONE
+
+    def _take_secure_distances(self, totals: list[np.ndarray], scale: float) -> str:
+        counts = self._pooled_sums().counts
+        merged = distances_from_totals(totals, counts, scale)
+        if abs(float(totals[3][0]) - merged.n) > 0.5:
+            log(
+                WARNING, "final report: secure distances cover %.1f rows, the sums %d", totals[3][0], merged.n
+            )
+        return SECURE_DONE if self._label_free(merged) else SECURE_STOP
 
     # ------------------------------------------------------------------------------------ model
     def write_model(self) -> None:
