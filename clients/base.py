@@ -275,17 +275,18 @@ class ClusteringClient(NumPyClient):
         metrics: dict[str, Scalar] = {**self.identity_metrics(), SCORE_KIND_KEY: result.score_kind}
         if not report_releases(dp, self.cfg.method):
             return 0.0, 0, metrics
-        z, metrics[RELEASES_KEY] = self.report_release()
+        z, made = self.report_release()
+        metrics[RELEASES_KEY], rng = made, secret_rng(dp, self.partition_id, made)
         sizes = np.bincount(result.labels, minlength=self.k).astype(np.float64)
         kept = {"labels": result.labels.astype(np.int64)}
         if result.space is None:
-            (noisy_sizes,) = gaussian_mechanism([sizes], 1.0, z, secret_rng())
+            (noisy_sizes,) = gaussian_mechanism([sizes], 1.0, z, rng)
             metrics[NOISY_KEY] = encode_arrays(sizes=noisy_sizes)
         else:
             kept["space"] = clip_rows(result.space, dp.clip)
             sums = cluster_sums(kept["space"], kept["labels"], self.k).sums
             noisy_sizes, noisy_sums = gaussian_mechanism(
-                [sizes, sums], sum_count_sensitivity(dp.clip), z, secret_rng()
+                [sizes, sums], sum_count_sensitivity(dp.clip), z, rng
             )
             metrics[NOISY_KEY] = encode_arrays(sizes=noisy_sizes, sums=noisy_sums)
         self.keep_report_state(kept)
@@ -310,7 +311,7 @@ class ClusteringClient(NumPyClient):
             [sums.distance_sums, sums.squared_sums, np.array(sums.silhouette_sum)],
             distance_sensitivity(dp.clip),
             z,
-            secret_rng(),
+            secret_rng(dp, self.partition_id, made),
         )
         blob = encode_arrays(
             **dict(zip(("distance_sums", "squared_sums", "silhouette_sum"), noisy, strict=True))

@@ -334,7 +334,9 @@ class CCFCClient(ClusteringClient):
         if centroids is not None:
             extra = [clip_rows(centroids, 1.0) * (dp.model_clip / np.sqrt(self.k))]
         received = list(parameters[: len(schema)])
-        state, noisy = private_update(received, local, released, dp.model_clip, z, secret_rng(), extra)
+        state, noisy = private_update(
+            received, local, released, dp.model_clip, z, secret_rng(dp, self.partition_id, made), extra
+        )
         return state + [a.astype(np.float32) for a in noisy], 1, {**metrics, RELEASES_KEY: made}
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:

@@ -140,11 +140,23 @@ class FFCMClient(ClusteringClient):
         metrics: dict[str, Scalar] = {**self.identity_metrics(), RELEASES_KEY: made}
         if config["phase"] == "moments":
             stats = [X.sum(0), (X**2).sum(0), np.array([float(X.shape[0])])]
-            return gaussian_mechanism(stats, moments_sensitivity(dp.clip), z, secret_rng()), 0, metrics
+            return (
+                gaussian_mechanism(
+                    stats, moments_sensitivity(dp.clip), z, secret_rng(dp, self.partition_id, made)
+                ),
+                0,
+                metrics,
+            )
         if config["phase"] != "update":
             raise ValueError(f"phase '{config['phase']}' sends unbounded statistics; under DP only moments")
         sums, mass = membership_sums(X, parameters[0], m)
-        return gaussian_mechanism([sums, mass], sum_count_sensitivity(dp.clip), z, secret_rng()), 0, metrics
+        return (
+            gaussian_mechanism(
+                [sums, mass], sum_count_sensitivity(dp.clip), z, secret_rng(dp, self.partition_id, made)
+            ),
+            0,
+            metrics,
+        )
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         # argmax_j u_ij is the nearest centre, so hard labels need no memberships

@@ -128,8 +128,8 @@ class GFedNTMClient(ClusteringClient):
         released = released_arrays(names, list(reply), set(trainable.names))
         made = count_releases(self.context.state, planned_releases("gfedntm", self.cfg.num_rounds, 0))
         z = noise_multiplier(self.cfg.dp, "gfedntm", self.cfg.num_rounds)
-        metrics[RELEASES_KEY] = made
-        return private_update(received, list(reply), released, self.cfg.dp.model_clip, z, secret_rng())[0]
+        metrics[RELEASES_KEY], rng = made, secret_rng(self.cfg.dp, self.partition_id, made)
+        return private_update(received, list(reply), released, self.cfg.dp.model_clip, z, rng)[0]
 
     def secure(
         self, arrays: NDArrays, modes: list[str], metrics: dict[str, Scalar], n: int | None = None

@@ -91,7 +91,8 @@ def dp_kfed_reply(
         made = next_release(made, planned)
     context.state[STATE_KEY] = MetricRecord({"releases": made})
     z = noise_multiplier(dp, cfg.method, cfg.num_rounds)
-    centres, counts = dp_lloyd(X, k_local, dp.clip, z, dp.lloyd_iters, seed, secret_rng())
+    rng = secret_rng(dp, int(context.node_config.get("partition-id", 0)), made)
+    centres, counts = dp_lloyd(X, k_local, dp.clip, z, dp.lloyd_iters, seed, rng)
     return centres, np.rint(np.maximum(counts, 0.0)).astype(np.int64), made
 
 

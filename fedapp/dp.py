@@ -107,6 +107,12 @@ class DPConfig(ConfigSection):
         doc="final report under DP: withhold = only the local assignments; noise = noisy cluster sizes, "
         "sums and distance sums (2 more releases in the plan, so more noise; record-level methods only)",
     )
+    noise_seed: int = config_key(
+        -1,
+        ge=-1,
+        doc="differential privacy: -1 = noise from OS entropy; >= 0 = seeded noise, so a DP run repeats "
+        "(experiments only: whoever knows the seed, e.g. the server, can remove the noise)",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -243,9 +249,15 @@ def floor_variances(names: list[str], arrays: list[np.ndarray], floor: float = 1
     ]
 
 
-def secret_rng() -> np.random.Generator:
-    """Fresh OS entropy: the noise must not derive from the run's seed, which the server knows."""
-    return np.random.default_rng()
+def secret_rng(
+    dp: DPConfig | None = None, partition: int = 0, release: int = 0, stream: int = 0
+) -> np.random.Generator:
+    """The noise generator of one release: fresh OS entropy, since noise derived from the run's seed (which
+    the server knows) could be subtracted. With `dp.noise-seed` >= 0 (experiments that must repeat) it is
+    seeded from that seed, the client, the release and the stream within the release instead."""
+    if dp is None or dp.noise_seed < 0:
+        return np.random.default_rng()
+    return np.random.default_rng([dp.noise_seed, max(partition, 0), release, stream])
 
 
 # ----------------------------------------------------------------------------------- accounting
@@ -303,6 +315,7 @@ def privacy_summary(dp: DPConfig, method: str, num_rounds: int, releases: int) -
         "planned_releases": total_releases(dp, method, num_rounds),
         "epsilon_spent": epsilon_spent(z, releases, dp.delta),
         "accountant": "rdp",
+        "noise": "os-entropy" if dp.noise_seed < 0 else f"seeded (dp.noise-seed={dp.noise_seed}: removable)",
         "not_covered": [*NOT_COVERED.get(method, ()), *EVALUATION_NOT_COVERED],
         "report": report_summary(dp, method),
     }

@@ -25,6 +25,7 @@ from fedapp.dp import (
     epsilon_spent,
     gaussian_mechanism,
     noise_multiplier,
+    secret_rng,
     sum_count_sensitivity,
 )
 from fedapp.local_data import load_run_dataset
@@ -206,3 +207,33 @@ def test_small_federation_reports_the_epsilon_it_spent(tmp_path: Path, method: s
     )
     assert "label_free" not in summary["report"]  # withheld under DP: those sums would be exact
     assert load_run_dataset(parse_run_config({"dataset": "digits"})).n_samples > 0
+
+
+# -------------------------------------------------------------------------------------------- noise seed
+def test_noise_is_unseeded_by_default_and_repeats_only_with_a_noise_seed() -> None:
+    fresh = parse_run_config({"method": "kfed", **DP}).dp
+    assert fresh.noise_seed == -1
+    assert secret_rng(fresh, 0, 1).normal() != secret_rng(fresh, 0, 1).normal()  # OS entropy
+    seeded = parse_run_config({"method": "kfed", **DP, "dp.noise-seed": 7}).dp
+    assert secret_rng(seeded, 0, 1).normal() == secret_rng(seeded, 0, 1).normal()
+    # clients, releases and streams within a release draw different noise
+    draws = {secret_rng(seeded, *key).normal() for key in [(0, 1), (1, 1), (0, 2), (0, 1, 1)]}
+    assert len(draws) == 4
+
+
+@pytest.mark.parametrize("method", ["ffcm", "kfed"])
+def test_a_dp_run_with_a_noise_seed_repeats_and_says_its_noise_is_removable(
+    tmp_path: Path, method: str
+) -> None:
+    summaries = []
+    for name in ("a", "b"):
+        argv = ["run", "--method", method, "--dataset", "digits", "--clients", "3", "--engine", "inprocess"]
+        argv += ["--set", "num-rounds=2", "--set", "dp.noise-seed=3", "--out", str(tmp_path / name)]
+        for key, value in DP.items():
+            argv += ["--set", f"{key}={value}"]
+        assert main(argv) in (0, None)
+        summaries.append(json.loads((tmp_path / name / "summary.json").read_text()))
+    assert summaries[0]["metrics"] == summaries[1]["metrics"]
+    assert "removable" in summaries[0]["privacy"]["dp"]["noise"]
+    with pytest.raises(ConfigError, match="noise-seed"):
+        parse_run_config({"method": method, **DP, "dp.noise-seed": -2})
