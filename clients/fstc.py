@@ -11,10 +11,16 @@ of the initial model (built from the run seed, as the server builds it): the loc
 depends on every record, so statistics of its representations would have no per-record sensitivity.
 Round 1 sends noisy (sum E, sum E*E, count) of the clipped initial representations (the moments init);
 each training round assigns every clipped representation to its nearest global centre (public: earlier
-noisy releases) and sends noisy per-cluster sums and counts (`dp_centre_statistics`). The last round's
-model goes out as the initial model plus a clipped, noised delta (`fedapp.dp.clipped_release`, multiplier
-2z: client-level on its own, a z release for one record). The privacy floor's withholding is off (the
-noise covers small clusters) and the reply's example count is 0 (a record count is private).
+noisy releases) and sends noisy per-cluster sums and counts (`dp_centre_statistics`): the global centres
+are a DP Lloyd's k-means in that public space. `fstc.dp-labels` says how records are labelled:
+- `centres` (default): by their nearest global centre in that same space (clipped public representations).
+  No model is released, and nothing local training would produce is released or used, so local training
+  is skipped altogether (`private_centre_round`); the global model is the public initial model + C̃.
+- `model`: argmax O of the final model. The last round's model goes out as the initial model plus a
+  clipped, noised delta (`fedapp.dp.clipped_release`, multiplier 2z: client-level on its own, a z
+  release for one record): that noise swamps the trained head, hence not the default.
+The privacy floor's withholding is off (the noise covers small clusters) and the reply's example count is
+0 (a record count is private).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from fedapp.dp import (
     planned_releases,
     secret_rng,
     sum_count_sensitivity,
+    total_releases,
 )
 from fedapp.fstc_math import (
     GaussianUniformMixture,
@@ -70,7 +77,7 @@ from fedapp.methods.fstc import (
 )
 from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
 from fedapp.privacy import WITHHELD_KEY
-from fedapp.report import Assignment
+from fedapp.report import Assignment, nearest_with_distance
 from fedapp.secure_sum import secure_upload
 from fedapp.text_features import local_augmented_embeddings, local_augmented_texts, local_embeddings
 from fedapp.threads import one_blas_thread
@@ -446,14 +453,28 @@ class FSTCClient(ClusteringClient):
         representations = forward_all(model, inputs, self.update.eval_batch)[0].cpu().double().numpy()
         return clip_rows(representations, self.cfg.dp.clip), state_arrays(model)
 
+    @property
+    def centre_labels(self) -> bool:
+        """Under DP with `dp-labels = centres`: records are labelled by the nearest global centre in the
+        public space, no model is released and no local training runs."""
+        return self.cfg.dp.enabled and not self.params.dp_model_release
+
     def release(self, new: int = 1) -> tuple[float, dict[str, Scalar]]:
         """Counts `new` releases against the plan (raises once spent); (z, the reply's metrics)."""
-        dp, method = self.cfg.dp, "fstc"
-        made = count_releases(self.context.state, planned_releases(method, self.cfg.num_rounds, 0), new)
-        return noise_multiplier(dp, method, self.cfg.num_rounds), {
+        dp, method, model_release = self.cfg.dp, "fstc", self.params.dp_model_release
+        planned = planned_releases(method, self.cfg.num_rounds, 0, model_release=model_release)
+        made = count_releases(self.context.state, planned, new)
+        return noise_multiplier(dp, method, self.cfg.num_rounds, model_release=model_release), {
             **self.identity_metrics(),
             RELEASES_KEY: made,
         }
+
+    def report_release(self) -> tuple[float, int]:
+        """The report's release within FSTC's plan, which depends on `dp-labels` (clients/base.py)."""
+        dp, model_release = self.cfg.dp, self.params.dp_model_release
+        planned = total_releases(dp, self.cfg.method, self.cfg.num_rounds, model_release=model_release)
+        made = count_releases(self.context.state, planned)
+        return noise_multiplier(dp, self.cfg.method, self.cfg.num_rounds, model_release=model_release), made
 
     def private_initial_reply(self) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """Round 1 under DP: noisy (sum E, sum E*E, count) of the clipped public representations."""
@@ -463,19 +484,31 @@ class FSTCClient(ClusteringClient):
         return gaussian_mechanism(stats, moments_sensitivity(self.cfg.dp.clip), z, secret_rng()), 0, metrics
 
     def private_reply(
-        self, model: FSTCModel, inputs: LocalInputs, global_centres: np.ndarray | None, final: bool
+        self, model: FSTCModel | None, inputs: LocalInputs, global_centres: np.ndarray | None, final: bool
     ) -> tuple[NDArrays, dict[str, Scalar]]:
-        """A training round's reply under DP: noisy centre statistics (+ the last round's noisy model)."""
+        """A training round's reply under DP: noisy centre statistics (+ the last round's noisy model with
+        `dp-labels = model`; `model` is None with `centres`, which releases none)."""
         if global_centres is None:
             raise ClientStateError("under DP every training round needs the global centres")
         values, initial = self.public_representations(inputs)
-        z, metrics = self.release(2 if final else 1)
+        with_model = final and model is not None
+        z, metrics = self.release(2 if with_model else 1)
         sums, counts = dp_centre_statistics(values, global_centres)
         reply = gaussian_mechanism([sums, counts], sum_count_sensitivity(self.cfg.dp.clip), z, secret_rng())
-        if final:
+        if with_model:
+            assert model is not None
             reply += private_model(state_arrays(model), initial, self.cfg.dp.model_clip, 2 * z, secret_rng())
             metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
         return reply, metrics
+
+    def private_centre_round(
+        self, global_centres: np.ndarray | None
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """A training round under DP with `dp-labels = centres`: only the noisy centre statistics. Nothing
+        local training would produce is released or used (labels come from the public space), so none
+        runs: no optimizer, pseudo-labels or trained model (the public model only maps the records)."""
+        reply, metrics = self.private_reply(None, self.local_inputs(augmented=False), global_centres, False)
+        return reply, 0, metrics
 
     def train_round(
         self, arrays: NDArrays, config: dict[str, Scalar]
@@ -484,6 +517,8 @@ class FSTCClient(ClusteringClient):
         global_centres = arrays.pop(0) if config.get(CENTRES_KEY) else None
         if global_centres is not None and global_centres.shape[0] != self.k:
             raise ValueError(f"server sent {global_centres.shape[0]} centres, this client has k={self.k}")
+        if self.centre_labels:
+            return self.private_centre_round(global_centres)
         inputs = self.local_inputs(augmented=True)
         model = self.build_model(inputs)  # before client_rngs: building draws from the global RNG
         first = bool(config.get(MODEL_KEY))
@@ -605,11 +640,14 @@ class FSTCClient(ClusteringClient):
 
     # ------------------------------------------------------------------------------ evaluation
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
-        """Clusters = argmax O of the global model (Sec. 4)."""
+        """Clusters = argmax O of the global model (Sec. 4); under DP with `dp-labels = centres` the
+        nearest global centre in the public space."""
         return self.assign(parameters, config).labels
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
         """argmax O; score = softmax(O) of that cluster; metric space = the representations E."""
+        if self.centre_labels:
+            return self.assign_by_centres(list(parameters))
         inputs = self.local_inputs(augmented=False)
         model = self.build_model(inputs)
         load_state_arrays(model, list(parameters), sender="server")
@@ -623,6 +661,23 @@ class FSTCClient(ClusteringClient):
             "probability",
             representations.double().cpu().numpy(),
         )
+
+    def assign_by_centres(self, parameters: NDArrays) -> Assignment:
+        """Under DP with `dp-labels = centres` the global model is [C̃, *the public initial model]: each
+        record goes to its nearest centre in the space the centres were computed in (its clipped initial
+        representation); score = the distance to it; metric space = that clipped space."""
+        if not parameters:
+            raise ValueError("under DP with fstc.dp-labels=centres the global model starts with the centres")
+        centres, model_arrays = np.asarray(parameters[0], np.float64), list(parameters[1:])
+        if centres.ndim != 2 or centres.shape[0] != self.k:
+            raise ValueError(f"global centres of shape {centres.shape}, this client has k={self.k}")
+        inputs = self.local_inputs(augmented=False)
+        model = self.build_model(inputs)
+        load_state_arrays(model, model_arrays, sender="server")
+        representations = forward_all(model, inputs, self.update.eval_batch)[0].cpu().double().numpy()
+        space = clip_rows(representations, self.cfg.dp.clip)
+        labels, distances = nearest_with_distance(space, centres)
+        return Assignment(labels, distances, "distance", space)
 
 
 class FSTCRSTCClient(FSTCClient):

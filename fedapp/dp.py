@@ -26,9 +26,11 @@ plan includes the final report's releases when it is noised (`dp.report = noise`
 training on all of a client's records has no bounded per-record sensitivity, so it is clipped as a whole
 (`clipped_release`: each part to L2 norm <= `model-clip`) and noised with std z * model-clip per part:
 adding or removing the client's whole contribution moves the release by at most that, so the guarantee
-is per *client* (`UNITS`). FSTC's final model is released once with multiplier 2z: any two clipped
-updates differ by at most 2 * model-clip, so for one record of that client the release is again a
-Gaussian release of multiplier z and the record-level schedule (`planned_releases`) counts it.
+is per *client* (`UNITS`). FSTC's final model (only with `fstc.dp-labels = model`) is released once with
+multiplier 2z: any two clipped updates differ by at most 2 * model-clip, so for one record of that client
+the release is again a Gaussian release of multiplier z and the record-level schedule (`planned_releases`)
+counts it. With `fstc.dp-labels = centres` (the default) FSTC releases no model; its plan is one release
+fewer, so callers pass `model_release` for FSTC (the schedule depends on it; other methods ignore it).
 """
 
 from __future__ import annotations
@@ -119,19 +121,25 @@ class DPConfig(ConfigSection):
         return self.epsilon > 0
 
 
-def planned_releases(method: str, num_rounds: int, lloyd_iters: int) -> int:
+def planned_releases(
+    method: str, num_rounds: int, lloyd_iters: int, *, model_release: bool | None = None
+) -> int:
     """How many noisy releases one client makes in a full run (the schedule the noise is calibrated for).
 
     FFCM: one per fit round (round 1 the noisy moments, then the noisy membership sums). k-FED and
     FSBERT-kFED: the local DP-Lloyd iterations, sent once (the last one's centres). FSTC: the noisy
-    moments, one (sums, counts) per training round, and the final model. CCFC: one (update + centroids)
-    per round after the setup round. gFedNTM: one update per round after the vocabulary round."""
+    moments and one (sums, counts) per training round, plus the final model when `model_release`
+    (`fstc.dp-labels = model`; FSTC must say which, so no caller plans for the wrong one). CCFC: one
+    (update + centroids) per round after the setup round. gFedNTM: one update per round after the
+    vocabulary round."""
     if method == "ffcm":
         return num_rounds
     if method in ("kfed", "fsbert-kfed"):
         return lloyd_iters
     if method == "fstc":
-        return num_rounds + 1
+        if model_release is None:
+            raise ValueError("FSTC's plan depends on fstc.dp-labels: pass model_release")
+        return num_rounds + 1 if model_release else num_rounds
     if method in ("ccfc", "gfedntm"):
         return max(num_rounds - 1, 1)
     raise ValueError(
@@ -147,9 +155,10 @@ def report_releases(dp: DPConfig, method: str) -> int:
     return REPORT_RELEASES if dp.report == REPORT_NOISE and UNITS.get(method) == "record" else 0
 
 
-def total_releases(dp: DPConfig, method: str, num_rounds: int) -> int:
+def total_releases(dp: DPConfig, method: str, num_rounds: int, *, model_release: bool | None = None) -> int:
     """Every noisy release one client makes in a full run: training (`planned_releases`) + the report."""
-    return planned_releases(method, num_rounds, dp.lloyd_iters) + report_releases(dp, method)
+    training = planned_releases(method, num_rounds, dp.lloyd_iters, model_release=model_release)
+    return training + report_releases(dp, method)
 
 
 # ------------------------------------------------------------------------------------ mechanism
@@ -295,16 +304,22 @@ def calibrate(epsilon: float, delta: float, releases: int, tolerance: float = 1e
     return high  # the side that never overspends
 
 
-def noise_multiplier(dp: DPConfig, method: str, num_rounds: int) -> float:
+def noise_multiplier(
+    dp: DPConfig, method: str, num_rounds: int, *, model_release: bool | None = None
+) -> float:
     """The run's noise multiplier: calibrated to the method's planned schedule, the report included."""
-    return calibrate(dp.epsilon, dp.delta, total_releases(dp, method, num_rounds))
+    planned = total_releases(dp, method, num_rounds, model_release=model_release)
+    return calibrate(dp.epsilon, dp.delta, planned)
 
 
-def privacy_summary(dp: DPConfig, method: str, num_rounds: int, releases: int) -> dict[str, object]:
-    """summary.json's `privacy` block; `releases`: the most any client made (what actually ran)."""
+def privacy_summary(
+    dp: DPConfig, method: str, num_rounds: int, releases: int, *, model_release: bool | None = None
+) -> dict[str, object]:
+    """summary.json's `privacy` block; `releases`: the most any client made (what actually ran);
+    `model_release`: FSTC's final model is released (`planned_releases`), which adds a `model` block."""
     if not dp.enabled:
         return {"dp": None}
-    z = noise_multiplier(dp, method, num_rounds)
+    z = noise_multiplier(dp, method, num_rounds, model_release=model_release)
     block: dict[str, object] = {
         "unit": UNITS[method],
         "epsilon_target": dp.epsilon,
@@ -312,14 +327,14 @@ def privacy_summary(dp: DPConfig, method: str, num_rounds: int, releases: int) -
         "clip": dp.model_clip if UNITS[method] == "client" else dp.clip,
         "noise_multiplier": z,
         "releases": releases,
-        "planned_releases": total_releases(dp, method, num_rounds),
+        "planned_releases": total_releases(dp, method, num_rounds, model_release=model_release),
         "epsilon_spent": epsilon_spent(z, releases, dp.delta),
         "accountant": "rdp",
         "noise": "os-entropy" if dp.noise_seed < 0 else f"seeded (dp.noise-seed={dp.noise_seed}: removable)",
         "not_covered": [*NOT_COVERED.get(method, ()), *EVALUATION_NOT_COVERED],
         "report": report_summary(dp, method),
     }
-    if method == "fstc":  # the final model: also client-level on its own (docstring)
+    if method == "fstc" and model_release:  # the final model: also client-level on its own (docstring)
         block["model"] = {
             "unit": "client",
             "clip": dp.model_clip,

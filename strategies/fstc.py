@@ -17,9 +17,11 @@ Under SecAgg+ (run-config `secagg`) every message the server takes in is a secur
 a cluster with under half a record in total keeps its C̃), and the final average is the secure one.
 
 Under differential privacy (`fedapp.dp`, clients/fstc.py) round 1 is the moments init on noisy sums,
-Eq. 16 runs on the noisy totals (a cluster whose noisy count total is below 1 keeps its C̃), the final
-models are averaged with equal weights (the clients send no record count) and summary.json's `privacy`
-block accounts the releases.
+Eq. 16 runs on the noisy totals (a cluster whose noisy count total is below 1 keeps its C̃) and
+summary.json's `privacy` block accounts the releases. With `fstc.dp-labels = centres` (default) no model
+is sent either way (the clients build the public initial model from the run seed) and the global model is
+[C̃, *the initial model]: records are labelled by their nearest centre. With `model` the final models
+are averaged with equal weights (the clients send no record count).
 """
 
 from __future__ import annotations
@@ -98,8 +100,16 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
         # under SecAgg+ the init is a sum too; under DP only sums have a bounded sensitivity
         self.init = "moments" if cfg.secagg or cfg.dp.enabled else self.params.init
+        # under DP with dp-labels = centres: labels by the nearest C̃, no model sent or released
+        self.centre_labels = cfg.dp.enabled and not self.params.dp_model_release
         if cfg.num_rounds < 2:
             raise ValueError("FSTC needs num-rounds >= 2 (one initialisation round + training rounds)")
+        if self.centre_labels:
+            log(
+                INFO,
+                "FSTC under DP with fstc.dp-labels=centres: no local training (nothing it produces is "
+                "released or used); labels = nearest global centre in the public initial-model space",
+            )
 
     # ---------------------------------------------------------------------------------- configure
     def fit_instructions(
@@ -112,7 +122,8 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         config.update(phase=PHASE_TRAIN, **{FINAL_KEY: server_round >= self.cfg.num_rounds})
         instructions = []
         for client in clients:
-            new = self.partition_of.get(client.cid) not in self.has_model
+            # with centre labels a client needs no model: it builds the public one from the run seed
+            new = not self.centre_labels and self.partition_of.get(client.cid) not in self.has_model
             arrays = [self.centres] if (self.align or new) else []
             if new:
                 arrays += self.initial_model or []
@@ -146,10 +157,14 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
             return [ArraySpec("sum", (None,)), ArraySpec("sum of squares", (None,)), ArraySpec("count", (1,))]
         k, dim = self.centres.shape
         spec = [ArraySpec("sums", (k, dim)), ArraySpec("counts", (k,))]
-        return spec + (self.schema.array_specs() if self.final_round(server_round) else [])  # type: ignore[union-attr]
+        return spec + (self.schema.array_specs() if self.model_in_reply(server_round) else [])  # type: ignore[union-attr]
 
     def final_round(self, server_round: int) -> bool:
         return server_round >= self.cfg.num_rounds and self.schema is not None
+
+    def model_in_reply(self, server_round: int) -> bool:
+        """The clients send their model this round: the last one, unless DP labels by centres."""
+        return self.final_round(server_round) and not self.centre_labels
 
     def secure_modes(self, server_round: int) -> list[str]:
         """`fedapp.secure_sum` modes of this round's reply under SecAgg+."""
@@ -168,7 +183,7 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         if self.cfg.dp.enabled:  # noisy counts may be negative; the client says how much it has spent
             if not isinstance(reply.metrics.get(RELEASES_KEY), int):
                 raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
-            if self.final_round(server_round):
+            if self.model_in_reply(server_round):
                 self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")  # type: ignore[union-attr]
             return
         if self.cfg.secagg:  # one secure average for all: only the totals can be checked
@@ -229,6 +244,12 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
             self.note_stale_centres(server_round, np.sum([r.arrays[1] for r in replies], axis=0) > 0)
         if server_round < self.cfg.num_rounds:
             return ndarrays_to_parameters([self.centres])
+        if self.centre_labels:
+            assert self.initial_model is not None
+            self.global_model = [self.centres, *self.initial_model]
+            self.finished, self.stop_reason = True, "global centres final (DP, fstc.dp-labels=centres)"
+            log(INFO, "FSTC: global model = %d centres + the public initial model (labels: nearest)", self.k)
+            return ndarrays_to_parameters(self.global_model)
         assert self.schema is not None
         n_model = len(self.schema)
         weights = [1 if self.cfg.dp.enabled else r.num_examples for r in replies]  # DP: no counts sent
@@ -293,10 +314,13 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         if self.train_metrics and self.train_metrics[-1].get("round") == server_round:
             self.train_metrics[-1]["stale-centres"] = float(stale)
         if stale and server_round >= self.cfg.num_rounds:
-            self.warn(
-                f"{stale} of {len(updated)} global centres got no update in the last round: on every "
-                f"client their cluster was empty or below the privacy floor ({self.floor_size} records)"
+            why = (
+                f"their noisy count total was below {DP_EMPTY_TOTAL:g} (DP)"
+                if self.cfg.dp.enabled
+                else f"on every client their cluster was empty or below the privacy floor ({self.floor_size} "
+                "records)"
             )
+            self.warn(f"{stale} of {len(updated)} global centres got no update in the last round: {why}")
 
     def record_training(self, server_round: int, replies: list[ClientReply]) -> None:
         """Mean of the clients' training metrics (losses, kept fraction, Sinkhorn iterations) per round."""
@@ -328,9 +352,25 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
                 "init": self.init,
                 "secagg": self.cfg.secagg,
                 "align": self.align,
+                "dp_labels": self.params.dp_labels if self.cfg.dp.enabled else None,
                 "train_per_round": self.train_metrics,
             },
-            "privacy": privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases),
+            "privacy": privacy_summary(
+                self.cfg.dp,
+                self.method,
+                self.cfg.num_rounds,
+                self.dp_releases,
+                model_release=self.params.dp_model_release,
+            ),
+        }
+
+    def model_description(self) -> dict[str, Any]:
+        """model.json says how the weights are laid out when they are not the trained model alone."""
+        if not self.centre_labels:
+            return {}
+        return {
+            "fstc_labels": "nearest global centre (array 0, K x D) of the record's representation under the "
+            "initial model (the other arrays), clipped to dp.clip"
         }
 
 

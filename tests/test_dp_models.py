@@ -1,6 +1,7 @@
-"""Differential privacy for FSTC, CCFC and gFedNTM (`fedapp.dp`): what a client sends is clipped before it
-is noised (payload tests: the arrays handed to the Gaussian mechanism, spied on in small in-process runs),
-and the RDP accountant reports an epsilon spent within the target, per record (FSTC) or per client."""
+"""Differential privacy for FSTC (with `fstc.dp-labels = model`), CCFC and gFedNTM (`fedapp.dp`): what a
+client sends is clipped before it is noised (payload tests: the arrays handed to the Gaussian mechanism,
+spied on in small in-process runs), and the RDP accountant reports an epsilon spent within the target, per
+record (FSTC) or per client."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_private_update_clips_released_arrays_and_returns_the_others_unchanged()
 
 
 def test_new_methods_are_planned_and_validated() -> None:
-    assert planned_releases("fstc", 4, 5) == 5  # moments + 3 training rounds + the final model
+    assert planned_releases("fstc", 4, 5, model_release=True) == 5  # moments + 3 rounds + the model
+    assert planned_releases("fstc", 4, 5, model_release=False) == 4  # dp-labels = centres: no model
     assert planned_releases("ccfc", 6, 5) == planned_releases("gfedntm", 6, 5) == 5
     assert (UNITS["fstc"], UNITS["ccfc"], UNITS["gfedntm"]) == ("record", "client", "client")
     for method, dataset in (("fstc", "texts-demo"), ("ccfc", "digits"), ("gfedntm", "synthetic-lda-tiny")):
@@ -116,6 +118,7 @@ def _check_client_level(spy: Spy, model_clip: float) -> None:
 
 
 def test_fstc_sends_only_clipped_noised_statistics_and_a_clipped_model(tmp_path: Path, spy: Spy) -> None:
+    """`fstc.dp-labels = model`: the final model is released too (tests/test_fstc_dp_labels.py: centres)."""
     clip, model_clip = 0.5, 1e-3
     quick = {"fstc.local-iters": 5, "fstc.batch-size": 50, "fstc.warmup-iters": 2, "fstc.label-updates": 2}
     summary = _run(
@@ -127,6 +130,7 @@ def test_fstc_sends_only_clipped_noised_statistics_and_a_clipped_model(tmp_path:
             "num-rounds": 3,
             "dp.clip": clip,
             "dp.model-clip": model_clip,
+            "fstc.dp-labels": "model",
             **quick,
         },
     )

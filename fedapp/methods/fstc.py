@@ -17,6 +17,11 @@ Under SecAgg+ (run-config `secagg`) the server sees only sums: round 1 uses `ini
 clients' mean and mean square of their representations; the server draws K seeded initial centres from
 them), and a training reply carries the per-cluster sums sum_i E_i and counts n_k divided by n (Eq. 16
 needs only their totals) and, in the last round, the model (its n-weighted average is Alg. 2 line 12).
+
+Under differential privacy (`dp.epsilon` > 0, clients/fstc.py) `dp-labels` says how records are labelled:
+`centres` (default) by their nearest global centre in the public initial-model space, where the noisy
+centre statistics already live (no local training, no model release: the global model is the initial
+model plus C̃); `model` by argmax O of the final model, released with client-level noise.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ LOSS_TARGETS = ("scores", "softmax")
 RESIDUAL_TARGETS = ("loss-on", *LOSS_TARGETS)
 AUGMENTATIONS = ("none", "pairs")
 ALIGN_CENTRES = ("batch", "local")
+DP_LABELS_CENTRES, DP_LABELS_MODEL = "centres", "model"
+DP_LABELS = (DP_LABELS_CENTRES, DP_LABELS_MODEL)
 
 PHASE_INIT = "init"
 PHASE_TRAIN = "train"
@@ -138,6 +145,19 @@ class FSTCConfig(ConfigSection):
         "moments: mean + variance, K seeded draws (a sum: the only option with secagg)",
     )
     init_local_k: int = config_key(0, ge=0, doc="local k-means centres per client in init=centres; 0 = 2K")
+    dp_labels: str = config_key(
+        DP_LABELS_CENTRES,
+        choices=DP_LABELS,
+        doc="under DP only: centres = label each record by its nearest global centre in the public "
+        "initial-model space (no model released, no local training); model = argmax O of the final model, "
+        "released as a clipped delta with client-level noise 2z (one more release)",
+    )
+
+    @property
+    def dp_model_release(self) -> bool:
+        """Under DP, whether the last round releases the trained model (`dp-labels = model`); the
+        accountant's plan (`fedapp.dp.planned_releases`) has one release more then."""
+        return self.dp_labels == DP_LABELS_MODEL
 
     def __post_init__(self) -> None:
         if self.contrastive > 0 and self.augment != "pairs":
