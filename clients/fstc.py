@@ -481,7 +481,8 @@ class FSTCClient(ClusteringClient):
         values, _ = self.public_representations(self.local_inputs(augmented=False))
         z, metrics = self.release()
         stats = [values.sum(0), (values**2).sum(0), np.array([float(values.shape[0])])]
-        return gaussian_mechanism(stats, moments_sensitivity(self.cfg.dp.clip), z, secret_rng()), 0, metrics
+        rng = secret_rng(self.cfg.dp, self.partition_id, int(metrics[RELEASES_KEY]))
+        return gaussian_mechanism(stats, moments_sensitivity(self.cfg.dp.clip), z, rng), 0, metrics
 
     def private_reply(
         self, model: FSTCModel | None, inputs: LocalInputs, global_centres: np.ndarray | None, final: bool
@@ -494,10 +495,18 @@ class FSTCClient(ClusteringClient):
         with_model = final and model is not None
         z, metrics = self.release(2 if with_model else 1)
         sums, counts = dp_centre_statistics(values, global_centres)
-        reply = gaussian_mechanism([sums, counts], sum_count_sensitivity(self.cfg.dp.clip), z, secret_rng())
+        made = int(metrics[RELEASES_KEY])
+        rng = secret_rng(self.cfg.dp, self.partition_id, made)
+        reply = gaussian_mechanism([sums, counts], sum_count_sensitivity(self.cfg.dp.clip), z, rng)
         if with_model:
             assert model is not None
-            reply += private_model(state_arrays(model), initial, self.cfg.dp.model_clip, 2 * z, secret_rng())
+            reply += private_model(
+                state_arrays(model),
+                initial,
+                self.cfg.dp.model_clip,
+                2 * z,
+                secret_rng(self.cfg.dp, self.partition_id, made, 1),
+            )
             metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
         return reply, metrics
 

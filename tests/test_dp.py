@@ -221,19 +221,26 @@ def test_noise_is_unseeded_by_default_and_repeats_only_with_a_noise_seed() -> No
     assert len(draws) == 4
 
 
-@pytest.mark.parametrize("method", ["ffcm", "kfed"])
+@pytest.mark.parametrize(
+    ("method", "dataset"), [("ffcm", "digits"), ("kfed", "digits"), ("fstc", "texts-demo")]
+)
 def test_a_dp_run_with_a_noise_seed_repeats_and_says_its_noise_is_removable(
-    tmp_path: Path, method: str
+    tmp_path: Path, method: str, dataset: str
 ) -> None:
     summaries = []
     for name in ("a", "b"):
-        argv = ["run", "--method", method, "--dataset", "digits", "--clients", "3", "--engine", "inprocess"]
+        argv = ["run", "--method", method, "--dataset", dataset, "--clients", "2", "--engine", "inprocess"]
         argv += ["--set", "num-rounds=2", "--set", "dp.noise-seed=3", "--out", str(tmp_path / name)]
         for key, value in DP.items():
             argv += ["--set", f"{key}={value}"]
         assert main(argv) in (0, None)
         summaries.append(json.loads((tmp_path / name / "summary.json").read_text()))
     assert summaries[0]["metrics"] == summaries[1]["metrics"]
+    # the released (noisy) global model itself repeats byte for byte, not only the metrics
+    weights = [sorted((tmp_path / name / "model").glob("model.*[!n]"))[0] for name in ("a", "b")]
+    assert (
+        weights[0].suffix in (".npz", ".safetensors") and weights[0].read_bytes() == weights[1].read_bytes()
+    )
     assert "removable" in summaries[0]["privacy"]["dp"]["noise"]
     with pytest.raises(ConfigError, match="noise-seed"):
         parse_run_config({"method": method, **DP, "dp.noise-seed": -2})
