@@ -135,6 +135,8 @@ def plot(
                 100 * np.mean(results[(method, p, math.inf)]["nmi"]), color=colour, linestyle="--", alpha=0.6
             )
     ax.set_xscale("log")
+    ax.set_xticks(finite, [f"{e:g}" for e in finite])  # plain epsilons, not 3 x 10^0
+    ax.minorticks_off()
     ax.set_xlabel("epsilon (delta = 1e-5); dashed: DP off")
     ax.set_ylabel("NMI (%)")
     ax.set_title("privacy vs utility")
