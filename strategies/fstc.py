@@ -37,7 +37,7 @@ from flwr.server.client_proxy import ClientProxy
 from fedapp.clustering import centres_from_moments, centres_from_noisy_moments
 from fedapp.config import RunConfig
 from fedapp.dp import RELEASES_KEY, privacy_summary
-from fedapp.fstc_math import aggregate_centres, initial_centres
+from fedapp.fstc_math import aggregate_centres, initial_centres, site_skew
 from fedapp.methods.fstc import (
     CENTRES_KEY,
     FINAL_KEY,
@@ -60,6 +60,9 @@ from strategies.secure import SecureSumStrategy
 
 EMPTY_TOTAL = 0.5  # under SecAgg+ a cluster's count total is noisy: below half a record it is empty
 DP_EMPTY_TOTAL = 1.0  # under DP: a noisy count total below one record would fling the centre away
+# mean site skew (`fstc_math.site_skew`) above which the run warns: IID sites measure 0.02-0.04, the
+# label-skewed sets of docs/methods/fstc.md ("Real data shapes") 0.29 and more
+SITE_SKEW_WARNING = 0.15
 
 
 def centres_from_totals(
@@ -97,6 +100,7 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         self.global_model: list[np.ndarray] | None = None
         self.has_model: set[int] = set()  # partitions that confirmed the initial model
         self.train_metrics: list[dict[str, float]] = []
+        self.site_skew: float | None = None  # label skew across sites, from the init (centres init only)
         self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
         # under SecAgg+ the init is a sum too; under DP only sums have a bounded sensitivity
         self.init = "moments" if cfg.secagg or cfg.dp.enabled else self.params.init
@@ -288,6 +292,8 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
                     "centres are seeded draws from their mean and variance"
                 )
             self.centres = initial_centres(points, weights, self.k, self.cfg.seed)
+            if weights is not None and min(len(p) for p in points) >= self.k:  # fewer: shares too coarse
+                self.note_site_skew(points, weights)
         with torch.random.fork_rng(devices=[]):  # Alg. 2 line 1: one initial model for every client
             torch.manual_seed(self.cfg.seed)
             model = fstc_model(self.params, self.k, self.centres.shape[1], self.cfg.embedding_model, "cpu")
@@ -303,6 +309,19 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
             ),
         )
         return ndarrays_to_parameters([self.centres])
+
+    def note_site_skew(self, points: list[np.ndarray], weights: list[np.ndarray]) -> None:
+        """Say when sites hold different clusters (label skew), the shape where FSTC was measured far
+        below FSBERT k-FED; from the init round's local centres and sizes, which the server has anyway."""
+        assert self.centres is not None
+        self.site_skew = float(np.mean(site_skew(points, weights, self.centres)))
+        if self.site_skew > SITE_SKEW_WARNING:
+            self.warn(
+                f"sites hold different clusters (mean site skew {self.site_skew:.2f} > {SITE_SKEW_WARNING}: "
+                "each client's share over the initial clusters differs from the federation's); with many "
+                "topics split across sites FSTC measured far below fsbert-kfed (docs/methods/fstc.md, "
+                "'Real data shapes'): compare with `--method fsbert-kfed`"
+            )
 
     def note_stale_centres(self, server_round: int, updated: np.ndarray) -> None:
         """Count the global centres no client updated this round (Eq. 16 keeps them as they were).
@@ -353,6 +372,7 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
                 "secagg": self.cfg.secagg,
                 "align": self.align,
                 "dp_labels": self.params.dp_labels if self.cfg.dp.enabled else None,
+                "site_skew": self.site_skew,
                 "train_per_round": self.train_metrics,
             },
             "privacy": privacy_summary(
