@@ -29,9 +29,11 @@ from fedapp.methods.textkfed import TextKFedConfig
 # than a view has dimensions"): printed by `fedapp methods NAME` so users pick the right method.
 FSTC_WHEN = (
     "Sites with similar topic mixes, balanced or long-tailed clusters (StackOverflow and Biomedical at "
-    "imbalance 10 and 50: level with or above fsbert-kfed), or few topics under label skew (AgNews, "
-    "Dirichlet alpha 0.1-1: level or above). Many topics split across sites (StackOverflow's 20, "
-    "alpha <= 0.3) cost it about 20 NMI against fsbert-kfed, whichever marginal: use fsbert-kfed there."
+    "imbalance 10 and 50: level with or above fsbert-kfed), or few topics mildly skewed (AgNews, Dirichlet "
+    "alpha 0.3 and 1: above). Sites holding different topics cost it 3.5 NMI against fsbert-kfed at alpha 1 "
+    "and 19-28 at alpha 0.3-0.1 (StackOverflow, 20 topics), 3.5 at alpha 0.1 on AgNews, 11 with one family "
+    "per site (20 Newsgroups): use fsbert-kfed there; a run warns when it sees that shape (summary.json "
+    "fstc.site_skew > 0.15)."
 )
 CEFMC_WHEN = (
     "Views wider than k, or k above a view's width on real multi-view sets (HW, BDGP, DryBean: level with "
