@@ -28,6 +28,7 @@ from fedapp.model_store import read_model
 from fedapp.node_outputs import read_assignments
 from fedapp.torch_glue import state_arrays
 from simulation.predict import predict
+from strategies.fstc import FSTCStrategy
 from simulation.runner import build_overrides, execute
 
 SITES, K, ROUNDS = 2, 4, 3
@@ -178,3 +179,12 @@ def test_centres_clusters_far_better_than_the_released_model(tmp_path: Path) -> 
     centres, model = (statistics.median(accuracy[mode]) for mode in ("centres", "model"))
     assert centres >= 0.55, accuracy  # chance + 0.3
     assert centres >= model + 0.1, accuracy
+
+
+@pytest.mark.parametrize(("rounds", "warned"), [(6, False), (12, True)])
+def test_many_dp_rounds_with_centre_labels_are_a_warning(rounds: int, warned: bool) -> None:
+    cfg = parse_run_config(
+        {"method": "fstc", "dataset": "texts-demo", "num-rounds": rounds, "dp.epsilon": 2.0, "dp.clip": 1.0}
+    )
+    warnings = FSTCStrategy(cfg).warnings
+    assert any("budget is spread thin" in w for w in warnings) == warned
