@@ -28,8 +28,8 @@ from fedapp.model_store import read_model
 from fedapp.node_outputs import read_assignments
 from fedapp.torch_glue import state_arrays
 from simulation.predict import predict
-from strategies.fstc import FSTCStrategy
 from simulation.runner import build_overrides, execute
+from strategies.fstc import FSTCStrategy
 
 SITES, K, ROUNDS = 2, 4, 3
 
