@@ -21,7 +21,6 @@ import clients.fstc
 from clients.fstc import FSTCClient
 from fedapp.clustering import nearest_centre
 from fedapp.config import ConfigError, parse_run_config
-from fedapp.datasets import load_dataset
 from fedapp.dp import REPORT_RELEASES, planned_releases, privacy_summary, total_releases
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.model_store import read_model
@@ -30,6 +29,7 @@ from fedapp.torch_glue import state_arrays
 from simulation.predict import predict
 from simulation.runner import build_overrides, execute
 from strategies.fstc import FSTCStrategy
+from tests.own_files import write_text_sites
 
 SITES, K, ROUNDS = 2, 4, 3
 
@@ -88,13 +88,7 @@ class FitSpy:
 @pytest.fixture
 def text_sites(tmp_path: Path, text_embedding_cache: None) -> Path:
     """texts-demo over two sites as id,text CSVs (own files, so `predict` can be pointed at one)."""
-    texts = load_dataset("texts-demo").texts
-    assert texts is not None
-    order = np.random.default_rng(1).permutation(len(texts))
-    for site, rows in enumerate(np.array_split(order, SITES)):
-        frame = pd.DataFrame({"id": [f"doc-{i}" for i in rows], "text": [texts[i] for i in rows]})
-        frame.to_csv(tmp_path / f"site-{site}.csv", index=False)
-    return tmp_path
+    return write_text_sites(tmp_path, SITES)
 
 
 def test_centres_releases_no_model_and_labels_by_the_nearest_global_centre(

@@ -20,6 +20,7 @@ from fedapp.node_outputs import read_assignments
 from simulation.__main__ import main
 from simulation.predict import predict
 from simulation.runner import build_overrides, execute
+from tests.own_files import write_text_sites
 from tests.synthetic_images import class_images
 
 SITES = 3
@@ -101,13 +102,7 @@ def test_a_single_own_file_is_partitioned_like_a_benchmark(tmp_path: Path) -> No
 @pytest.fixture
 def text_sites(tmp_path: Path, text_embedding_cache: None) -> Path:
     """texts-demo split over three sites as id,text CSVs (no labels)."""
-    texts = load_dataset("texts-demo").texts
-    assert texts is not None
-    order = np.random.default_rng(1).permutation(len(texts))
-    for site, rows in enumerate(np.array_split(order, SITES)):
-        frame = pd.DataFrame({"id": [f"doc-{i}" for i in rows], "text": [texts[i] for i in rows]})
-        frame.to_csv(tmp_path / f"site-{site}.csv", index=False)
-    return tmp_path
+    return write_text_sites(tmp_path, SITES)
 
 
 @pytest.mark.parametrize(

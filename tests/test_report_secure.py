@@ -49,7 +49,7 @@ from fedapp.server_loop import WIRE_BYTES_FILE
 from simulation.runner import build_overrides, execute
 from strategies.ffcm import FFCMStrategy
 from tests.flower_mocks import mock_proxy
-from tests.test_secagg import CLIP, MAX_WEIGHT, secagg_average
+from tests.test_secagg import CLIP, FSTC_SECURE_KEYS, MAX_WEIGHT, secagg_average
 
 K = 3
 
@@ -205,20 +205,7 @@ def test_ffcm_report_under_secagg_matches_the_plain_report(tmp_path: Path) -> No
 
 @pytest.mark.usefixtures("text_embedding_cache")
 def test_fstc_report_under_secagg_matches_the_plain_report(tmp_path: Path) -> None:
-    keys = {
-        "method": "fstc",
-        "dataset": "texts-demo",
-        "num-clients": 2,
-        "num-rounds": 3,
-        "seed": 0,
-        "fstc.init": "moments",
-        "fstc.local-iters": 10,
-        "fstc.batch-size": 50,
-        "fstc.warmup-iters": 5,
-        "fstc.label-updates": 2,
-        "secagg-clip": 2.0,  # as tests/test_secagg.py: keeps the tiny run's training noise small
-        "secagg-max-weight": 250.0,
-    }
+    keys = FSTC_SECURE_KEYS  # as tests/test_secagg.py: keeps the tiny run's training noise small
     plain = _run(tmp_path / "plain", keys, secagg=False)
     secure = _run(tmp_path / "secure", keys, secagg=True)
     _compare(plain, secure, rel=1e-3)

@@ -46,6 +46,24 @@ from tests.flower_mocks import mock_proxy
 
 CLIP, MAX_WEIGHT = 8.0, 1000.0
 
+# FSTC with the moments init on texts-demo: small enough for CI, used by tests/test_report_secure.py too
+FSTC_SECURE_KEYS = {
+    "method": "fstc",
+    "dataset": "texts-demo",
+    "num-clients": 2,
+    "num-rounds": 3,
+    "seed": 0,
+    "fstc.init": "moments",
+    "fstc.local-iters": 10,
+    "fstc.batch-size": 50,
+    "fstc.warmup-iters": 5,
+    "fstc.label-updates": 2,
+    # tiny data makes the run chaotic (one pseudo-label flipped by noise changes the rest), so keep
+    # SecAgg+'s noise small: representations are near unit norm, a client holds <= 200 texts
+    "secagg-clip": 2.0,
+    "secagg-max-weight": 250.0,
+}
+
 
 def secagg_average(uploads: list[list[np.ndarray]], weights: list[int]) -> list[np.ndarray]:
     """SecAgg+'s arithmetic without its masks (they cancel): what `secaggplus_mod` quantises per client
@@ -221,22 +239,7 @@ def wire_bytes(out_dir: Path) -> dict[str, Any]:
 @pytest.mark.usefixtures("text_embedding_cache")
 def test_fstc_under_secagg_matches_the_plain_run(tmp_path: Path) -> None:
     """FSTC with moments init: Eq. 16 from secure sums and counts, then the secure model average."""
-    keys = {
-        "method": "fstc",
-        "dataset": "texts-demo",
-        "num-clients": 2,
-        "num-rounds": 3,
-        "seed": 0,
-        "fstc.init": "moments",
-        "fstc.local-iters": 10,
-        "fstc.batch-size": 50,
-        "fstc.warmup-iters": 5,
-        "fstc.label-updates": 2,
-        # tiny data makes the run chaotic (one pseudo-label flipped by noise changes the rest), so keep
-        # SecAgg+'s noise small: representations are near unit norm, a client holds <= 200 texts
-        "secagg-clip": 2.0,
-        "secagg-max-weight": 250.0,
-    }
+    keys = FSTC_SECURE_KEYS
     plain, secure = run_pair(tmp_path, keys)
     assert secure["fstc"]["init"] == plain["fstc"]["init"] == "moments"
     assert secure["stop_reason"] == plain["stop_reason"] == "final model averaged"
