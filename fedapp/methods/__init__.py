@@ -32,7 +32,8 @@ FSTC_WHEN = (
     "imbalance 10 and 50: level with or above fsbert-kfed), or few topics mildly skewed (AgNews, Dirichlet "
     "alpha 0.3 and 1: above). Sites holding different topics cost it 3.5 NMI against fsbert-kfed at alpha 1 "
     "and 19-28 at alpha 0.3-0.1 (StackOverflow, 20 topics), 3.5 at alpha 0.1 on AgNews, 11 with one family "
-    "per site (20 Newsgroups): use fsbert-kfed there; a run warns when it sees that shape (summary.json "
+    "per site (20 Newsgroups), and neither fstc.marginal=adaptive nor fstc-stc closes that: use fsbert-kfed "
+    "there; a run warns when it sees that shape (summary.json "
     "fstc.site_skew > 0.15)."
 )
 CEFMC_WHEN = (

@@ -68,7 +68,28 @@ def render(table: dict[str, dict[str, list[dict[str, float]]]]) -> str:
         lines.append(f"| {setting} | " + " | ".join(cell(row.get(v, [])) for v in variants) + f" | {gap} |")
     lines += ["", "Cells: ACC / NMI in percent, mean ± std over (n) seeds; — not run (settings and variants"]
     lines[-1] += " with no finished run are left out)."
+    tally = rule_tally(table)
+    if tally:
+        lines += ["", f"Rows within {RULE_NMI:g} NMI of {BASELINE} (mean over seeds), of the rows each ran: "]
+        lines[-1] += "; ".join(f"{variant} {held}/{ran}" for variant, (held, ran) in tally.items()) + "."
     return "\n".join(lines)
+
+
+def rule_tally(table: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, tuple[int, int]]:
+    """variant -> (rows where its mean NMI is at most RULE_NMI below the baseline's, rows it ran), so the
+    default can be chosen from the table rather than from a single setting."""
+    tally: dict[str, tuple[int, int]] = {}
+    for row in table.values():
+        if not row.get(BASELINE):
+            continue
+        base = statistics.fmean(r["nmi"] for r in row[BASELINE])
+        for variant, runs in row.items():
+            if variant == BASELINE or not runs:
+                continue
+            held, ran = tally.get(variant, (0, 0))
+            ok = statistics.fmean(r["nmi"] for r in runs) >= base - RULE_NMI
+            tally[variant] = (held + ok, ran + 1)
+    return tally
 
 
 def main() -> None:
