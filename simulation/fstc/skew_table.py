@@ -60,12 +60,10 @@ def render(table: dict[str, dict[str, list[dict[str, float]]]]) -> str:
     for setting, row in table.items():
         if not any(row.values()):
             continue
-        gap = "—"
-        if row.get(DEFAULT) and row.get(BASELINE):
-            nmi = statistics.fmean(r["nmi"] for r in row[DEFAULT])
-            base = statistics.fmean(r["nmi"] for r in row[BASELINE])
-            gap = f"{nmi - base:+.2f}" + (" ✗" if nmi - base < -RULE_NMI else " ✓")
-        lines.append(f"| {setting} | " + " | ".join(cell(row.get(v, [])) for v in variants) + f" | {gap} |")
+        gap, shown = nmi_gap(row, DEFAULT), "—"
+        if gap is not None:
+            shown = f"{gap:+.2f}" + (" ✓" if gap >= -RULE_NMI else " ✗")
+        lines.append(f"| {setting} | " + " | ".join(cell(row.get(v, [])) for v in variants) + f" | {shown} |")
     lines += ["", "Cells: ACC / NMI in percent, mean ± std over (n) seeds; — not run (settings and variants"]
     lines[-1] += " with no finished run are left out)."
     tally = rule_tally(table)
@@ -75,20 +73,25 @@ def render(table: dict[str, dict[str, list[dict[str, float]]]]) -> str:
     return "\n".join(lines)
 
 
+def nmi_gap(row: dict[str, list[dict[str, float]]], variant: str) -> float | None:
+    """Mean NMI of `variant` minus the baseline's in one row; None unless both have a finished run."""
+    if not row.get(variant) or not row.get(BASELINE):
+        return None
+    return statistics.fmean(r["nmi"] for r in row[variant]) - statistics.fmean(
+        r["nmi"] for r in row[BASELINE]
+    )
+
+
 def rule_tally(table: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str, tuple[int, int]]:
     """variant -> (rows where its mean NMI is at most RULE_NMI below the baseline's, rows it ran), so the
     default can be chosen from the table rather than from a single setting."""
     tally: dict[str, tuple[int, int]] = {}
     for row in table.values():
-        if not row.get(BASELINE):
-            continue
-        base = statistics.fmean(r["nmi"] for r in row[BASELINE])
-        for variant, runs in row.items():
-            if variant == BASELINE or not runs:
-                continue
-            held, ran = tally.get(variant, (0, 0))
-            ok = statistics.fmean(r["nmi"] for r in runs) >= base - RULE_NMI
-            tally[variant] = (held + ok, ran + 1)
+        for variant in row:
+            gap = nmi_gap(row, variant) if variant != BASELINE else None
+            if gap is not None:
+                held, ran = tally.get(variant, (0, 0))
+                tally[variant] = (held + (gap >= -RULE_NMI), ran + 1)
     return tally
 
 
