@@ -1,6 +1,10 @@
 """The real-data-shapes table's rule check: per row and per variant against FSBERT k-FED."""
 
-from simulation.fstc.skew_table import render, rule_tally
+from pathlib import Path
+
+import pytest
+
+from simulation.fstc.skew_table import main, render, rule_tally
 
 
 def runs(*nmis: float) -> list[dict[str, float]]:
@@ -24,3 +28,13 @@ def test_render_marks_each_row_and_prints_the_tally() -> None:
     assert "| A |" in text and "-0.80 ✓" in text
     assert "| B |" in text and "-10.00 ✗" in text
     assert "FSTC uniform 1/2; FSTC-STC 1/2." in text
+
+
+def test_a_missing_or_empty_output_root_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for root, problem in ((tmp_path / "absent", "is not a directory"), (tmp_path, "no finished run")):
+        with pytest.raises(SystemExit) as stop:
+            main([str(root)])
+        assert stop.value.code == 2
+        assert problem in capsys.readouterr().err

@@ -95,10 +95,16 @@ def rule_tally(table: dict[str, dict[str, list[dict[str, float]]]]) -> dict[str,
     return tally
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_root", type=Path, help="the experiment's --out directory")
-    print(render(collect(parser.parse_args().out_root)))
+    out_root = parser.parse_args(argv).out_root
+    if not out_root.is_dir():
+        parser.error(f"{out_root} is not a directory (the --out of simulation/fstc/skew.toml)")
+    table = collect(out_root)
+    if not any(any(row.values()) for row in table.values()):
+        parser.error(f"no finished run of simulation/fstc/skew.toml under {out_root}")
+    print(render(table))
 
 
 if __name__ == "__main__":
