@@ -1,7 +1,7 @@
 """Shared client glue: identity from node config, local data, evaluation, and the final report.
 
 Evaluation sends a contingency table when the client has labels (ground truth never leaves it), else only
-its cluster sizes. The final report (`fedapp.report`) assigns every record, writes `assignments.csv` on
+its cluster sizes. The final report (`fedapp.report.stages`) assigns every record, writes `assignments.csv` on
 this node and returns the aggregates of the label-free metrics.
 """
 
@@ -14,9 +14,23 @@ from flwr.app import Array, ArrayRecord
 from flwr.client import NumPyClient
 from flwr.common import Context, NDArrays, Scalar
 
-from fedapp.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, aligned_rows, hash_ids, run_key
-from fedapp.config import RunConfig
-from fedapp.dp import (
+from fedapp.config.run import RunConfig
+from fedapp.datasets.local import LocalData, client_seed, local_partition, local_view, own_file, owns_file
+from fedapp.methods import method_spec
+from fedapp.metrics.contingency import contingency_table, encode_table
+from fedapp.metrics.label_free import (
+    ClusterSums,
+    DistanceSums,
+    cluster_sums,
+    cluster_term_counts,
+    distance_sums,
+    encode_arrays,
+    encode_cluster_sums,
+    encode_distance_sums,
+    encode_term_counts,
+)
+from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, aligned_rows, hash_ids, run_key
+from fedapp.privacy.dp import (
     RELEASES_KEY,
     clip_rows,
     count_releases,
@@ -28,24 +42,10 @@ from fedapp.dp import (
     sum_count_sensitivity,
     total_releases,
 )
-from fedapp.label_free import (
-    ClusterSums,
-    DistanceSums,
-    cluster_sums,
-    cluster_term_counts,
-    distance_sums,
-    encode_arrays,
-    encode_cluster_sums,
-    encode_distance_sums,
-    encode_term_counts,
-)
-from fedapp.local_data import LocalData, client_seed, local_partition, local_view, own_file, owns_file
-from fedapp.methods import method_spec
-from fedapp.metrics import contingency_table, encode_table
-from fedapp.node_outputs import ASSIGNMENTS_FILE, node_out_dir, run_name, write_assignments
-from fedapp.privacy import WITHHELD_KEY, min_cluster_size
-from fedapp.protocol import encode_array
-from fedapp.report import (
+from fedapp.privacy.floor import WITHHELD_KEY, min_cluster_size
+from fedapp.privacy.secagg import SUM, secure_upload
+from fedapp.report.assignments import ASSIGNMENTS_FILE, node_out_dir, run_name, write_assignments
+from fedapp.report.stages import (
     DISTANCES_KEY,
     NOISY_KEY,
     REPORT_KEY,
@@ -62,7 +62,7 @@ from fedapp.report import (
     secure_assign_arrays,
     secure_distance_arrays,
 )
-from fedapp.secure_sum import SUM, secure_upload
+from fedapp.wire import encode_array
 
 REPORT_STATE = "fedapp.report"  # context.state: the labels and metric space between the two report stages
 
@@ -105,7 +105,7 @@ class ClusteringClient(NumPyClient):
             )
         self.k = cfg.k or self.data.n_classes
         self.seed = client_seed(cfg.seed, self.partition_id)
-        self.floor = min_cluster_size(cfg.min_cluster_size, context.node_config)  # fedapp.privacy
+        self.floor = min_cluster_size(cfg.min_cluster_size, context.node_config)  # fedapp.privacy.floor
 
     @property
     def owns_file(self) -> bool:
@@ -242,7 +242,8 @@ class ClusteringClient(NumPyClient):
     def secure_report(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """The report's stages as fit replies for SecAgg+ (`fedapp.report`): every summable statistic is
+        """The report's stages as fit replies for SecAgg+ (`fedapp.report.stages`): every summable statistic
+        is
         masked, so the server learns only its total; what is not a sum stays in the metrics."""
         scale = float(config.get(SCALE_KEY, 1.0))
         if not (np.isfinite(scale) and scale > 0):
@@ -334,7 +335,7 @@ class VerticalClient(ClusteringClient):
 
     def load_data(self) -> LocalData:
         """A registered multi-view set's view, or this party's own file: its rows lined up with the other
-        parties' (`fedapp.alignment`) once the alignment round has run."""
+        parties' (`fedapp.privacy.alignment`) once the alignment round has run."""
         if not self.owns_file:
             return local_view(self.cfg, self.partition_id, self.num_partitions)
         data = own_file(self.cfg, self.partition_id)

@@ -5,7 +5,8 @@ client receives the global model w^g (and, from the last pre-training round on, 
 replaces its weights with w^g, trains one local epoch (or `local-steps` batches) with Adam whose moments
 persist in `context.state`, and returns its weights (+ its k local centroids when the server asks).
 
-Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) the reply is one client-level Gaussian release
+Under differential privacy (`dp.epsilon` > 0, `fedapp.privacy.dp`) the reply is one client-level Gaussian
+release
 per round (`private_reply`): the model delta w^l - w^g (parameters and BatchNorm running statistics) is
 clipped to `dp.model-clip`, the local centroids (rows of norm <= 1, scaled by model-clip / sqrt(k): the
 cosine assignment and the server's k-means do not change under one common scale) are a second part
@@ -25,19 +26,9 @@ from torch import nn
 from torch.nn.functional import cosine_similarity, normalize, one_hot
 
 from clients.base import ClusteringClient
-from fedapp.clustering import kmeans
 from fedapp.datasets.augment import ViewAugmenter, contrastive_augmenter
-from fedapp.dp import (
-    RELEASES_KEY,
-    clip_rows,
-    count_releases,
-    noise_multiplier,
-    planned_releases,
-    private_update,
-    released_arrays,
-    secret_rng,
-)
-from fedapp.losses import info_nce_loss  # the sample-level term; tests import it from here
+from fedapp.maths.clustering import kmeans
+from fedapp.maths.losses import info_nce_loss  # the sample-level term; tests import it from here
 from fedapp.methods.ccfc import (
     CLUSTER,
     PHASE_KEY,
@@ -50,10 +41,7 @@ from fedapp.methods.ccfc import (
     secure_modes,
 )
 from fedapp.models.ccfc import build_model
-from fedapp.privacy import CLIENT_MIN_CLUSTER, capped_clusters, merge_small_clusters
-from fedapp.report import Assignment
-from fedapp.secure_sum import secure_upload
-from fedapp.torch_glue import (
+from fedapp.neural.glue import (
     FINGERPRINT_KEY,
     client_rngs,
     load_state_arrays,
@@ -66,7 +54,20 @@ from fedapp.torch_glue import (
     state_arrays,
     state_schema,
 )
-from fedapp.training import BatchCursor, TrainStats, train_steps
+from fedapp.neural.training import BatchCursor, TrainStats, train_steps
+from fedapp.privacy.dp import (
+    RELEASES_KEY,
+    clip_rows,
+    count_releases,
+    noise_multiplier,
+    planned_releases,
+    private_update,
+    released_arrays,
+    secret_rng,
+)
+from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, capped_clusters, merge_small_clusters
+from fedapp.privacy.secagg import secure_upload
+from fedapp.report.stages import Assignment
 
 ENCODE_BATCH = 512  # inference batch: memory only, results do not depend on it
 
@@ -129,7 +130,7 @@ def encode(model: nn.Module, images: torch.Tensor, batch_size: int = ENCODE_BATC
 def local_centroids(z: torch.Tensor, k: int, seed: int, floor: int = CLIENT_MIN_CLUSTER) -> np.ndarray:
     """Alg. 1 line 11: k-means (k) on the L2-normalised local representations, as float32 (k, d).
 
-    The privacy floor (`fedapp.privacy`): a cluster of fewer than `floor` records is merged into its
+    The privacy floor (`fedapp.privacy.floor`): a cluster of fewer than `floor` records is merged into its
     nearest neighbour and both send the merged group's mean, so every centroid averages >= floor records
     and the server still gets k of them."""
     unit = normalize(z, dim=1).cpu().numpy()

@@ -13,7 +13,7 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from clients.base import VerticalClient
-from fedapp.protocol import label_dtype
+from fedapp.wire import label_dtype
 
 
 def _polar_factor(M: np.ndarray) -> np.ndarray:

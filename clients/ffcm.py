@@ -5,7 +5,7 @@ computes its memberships to the global centres and returns the membership-weight
 sum_i u_ij^m x_i (k x d) and sum_i u_ij^m (k); summing these over clients gives exactly the centralized
 FCM centre update, so with `local-iters = 1` federated FCM equals FCM on the pooled data.
 
-Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) the client works on its records clipped to
+Under differential privacy (`dp.epsilon` > 0, `fedapp.privacy.dp`) the client works on its records clipped to
 `dp.clip`, round 1 sends noisy (sum x, sum x*x, count) instead of local FCM centres (local FCM iterates
 on private data, so its centres have no bounded sensitivity), and every later round sends the noisy
 sums and masses; the centres it computes memberships to come from the server, i.e. from earlier noisy
@@ -22,8 +22,9 @@ from flwr.common import NDArrays, Scalar
 from sklearn.cluster import kmeans_plusplus
 
 from clients.base import ClusteringClient
-from fedapp.clustering import nearest_centre, squared_distances
-from fedapp.dp import (
+from fedapp.maths.clustering import nearest_centre, squared_distances
+from fedapp.methods.ffcm import FFCMConfig
+from fedapp.privacy.dp import (
     RELEASES_KEY,
     STATE_KEY,
     clip_rows,
@@ -35,9 +36,8 @@ from fedapp.dp import (
     secret_rng,
     sum_count_sensitivity,
 )
-from fedapp.methods.ffcm import FFCMConfig
-from fedapp.privacy import WITHHELD_KEY, capped_clusters
-from fedapp.report import Assignment
+from fedapp.privacy.floor import WITHHELD_KEY, capped_clusters
+from fedapp.report.stages import Assignment
 
 INIT_ITERS = 100
 INIT_TOL = 1e-6
@@ -58,7 +58,7 @@ def membership_sums(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(sum_i u_ij^m x_i, sum_i u_ij^m): the sufficient statistics of the FCM centre update.
 
-    `floor` > 0 (the privacy floor, `fedapp.privacy`): a cluster whose membership mass sum_i u_ij -
+    `floor` > 0 (the privacy floor, `fedapp.privacy.floor`): a cluster whose membership mass sum_i u_ij -
     its effective number of records - is below the floor is withheld (zero sums and mass)."""
     u = fcm_memberships(X, centres, m)
     um = u**m

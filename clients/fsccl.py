@@ -1,7 +1,7 @@
 """FSCCL client: SCCL's local training (Zhang et al., NAACL 2021) on frozen sentence embeddings, under FedAvg.
 
 Maths (plain functions): `instance_contrastive_loss` (SCCL's instance-CL, NT-Xent over the two views of
-a batch; in `fedapp.losses`, FSTC uses it too), `dec_targets` and `clustering_kl` (DEC's target
+a batch; in `fedapp.maths.losses`, FSTC uses it too), `dec_targets` and `clustering_kl` (DEC's target
 distribution and KL objective). The client trains the global model it is sent for `local-iters`
 iterations and returns it; round 1 sends local k-means centres as FSTC's clients do.
 """
@@ -15,16 +15,15 @@ import torch
 from flwr.common import Context, NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from fedapp.config import RunConfig
+from fedapp.config.run import RunConfig
 from fedapp.datasets.augmented_texts import AUGMENTED_FILES
-from fedapp.fstc_math import local_kmeans_summary
-from fedapp.losses import instance_contrastive_loss
+from fedapp.features.texts import local_augmented_embeddings, local_embeddings
+from fedapp.maths.fstc import local_kmeans_summary
+from fedapp.maths.losses import instance_contrastive_loss
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.methods.fstc import PHASE_INIT
 from fedapp.models.fsccl import SCCLModel
-from fedapp.report import Assignment
-from fedapp.text_features import local_augmented_embeddings, local_embeddings
-from fedapp.torch_glue import (
+from fedapp.neural.glue import (
     FINGERPRINT_KEY,
     client_rngs,
     load_state_arrays,
@@ -34,7 +33,8 @@ from fedapp.torch_glue import (
     state_arrays,
     state_schema,
 )
-from fedapp.training import BatchCursor, train_steps
+from fedapp.neural.training import BatchCursor, train_steps
+from fedapp.report.stages import Assignment
 
 STATE_OPTIMIZER, STATE_CURSOR, STATE_RNG = "fsccl.optimizer", "fsccl.cursor", "fsccl.rng"
 EVAL_BATCH = 4096

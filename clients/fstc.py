@@ -1,11 +1,11 @@
 """FSTC client (Hu et al., IJCAI 2023): Alg. 3's local training loop and its Flower glue.
 
 The maths it runs (Sinkhorn pseudo-labels Eq. 2-7, the Gaussian-uniform mixture Eq. 8-13, the losses
-Eq. 14-17, the label-update schedule) are framework-free functions in `fedapp.fstc_math`. Here:
+Eq. 14-17, the label-update schedule) are framework-free functions in `fedapp.maths.fstc`. Here:
 `LocalInputs` (a client's samples as the model takes them), `forward_all`, `LabellingState` (what
 Alg. 3 carries between iterations and rounds), `LocalUpdate` (the loop) and the `NumPyClient`s.
 
-Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) nothing the locally trained model computes
+Under differential privacy (`dp.epsilon` > 0, `fedapp.privacy.dp`) nothing the locally trained model computes
 leaves the client unclipped and unnoised. The statistics are taken in the *public* representation space
 of the initial model (built from the run seed, as the server builds it): the locally trained model
 depends on every record, so statistics of its representations would have no per-record sensitivity.
@@ -17,7 +17,7 @@ are a DP Lloyd's k-means in that public space. `fstc.dp-labels` says how records
   No model is released, and nothing local training would produce is released or used, so local training
   is skipped altogether (`private_centre_round`); the global model is the public initial model + C̃.
 - `model`: argmax O of the final model. The last round's model goes out as the initial model plus a
-  clipped, noised delta (`fedapp.dp.clipped_release`, multiplier 2z: client-level on its own, a z
+  clipped, noised delta (`fedapp.privacy.dp.clipped_release`, multiplier 2z: client-level on its own, a z
   release for one record): that noise swamps the trained head, hence not the default.
 The privacy floor's withholding is off (the noise covers small clusters) and the reply's example count is
 0 (a record count is private).
@@ -34,22 +34,10 @@ import torch
 from flwr.common import Array, ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from fedapp.clustering import nearest_centre
-from fedapp.config import RunConfig
-from fedapp.dp import (
-    RELEASES_KEY,
-    clip_rows,
-    clipped_release,
-    count_releases,
-    gaussian_mechanism,
-    moments_sensitivity,
-    noise_multiplier,
-    planned_releases,
-    secret_rng,
-    sum_count_sensitivity,
-    total_releases,
-)
-from fedapp.fstc_math import (
+from fedapp.config.run import RunConfig
+from fedapp.features.texts import local_augmented_embeddings, local_augmented_texts, local_embeddings
+from fedapp.maths.clustering import nearest_centre
+from fedapp.maths.fstc import (
     GaussianUniformMixture,
     LocalCentres,
     alignment_loss,
@@ -62,8 +50,8 @@ from fedapp.fstc_math import (
     weighted_mse,
     withhold_small_clusters,
 )
-from fedapp.label_free import cluster_sums
-from fedapp.losses import info_nce_loss
+from fedapp.maths.losses import info_nce_loss
+from fedapp.maths.threads import one_blas_thread
 from fedapp.methods.fstc import (
     CENTRES_KEY,
     FINAL_KEY,
@@ -75,13 +63,9 @@ from fedapp.methods.fstc import (
     FSTCConfig,
     secure_train_modes,
 )
+from fedapp.metrics.label_free import cluster_sums
 from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
-from fedapp.privacy import WITHHELD_KEY
-from fedapp.report import Assignment, nearest_with_distance
-from fedapp.secure_sum import secure_upload
-from fedapp.text_features import local_augmented_embeddings, local_augmented_texts, local_embeddings
-from fedapp.threads import one_blas_thread
-from fedapp.torch_glue import (
+from fedapp.neural.glue import (
     FINGERPRINT_KEY,
     ClientStateError,
     client_rngs,
@@ -94,7 +78,23 @@ from fedapp.torch_glue import (
     state_arrays,
     state_schema,
 )
-from fedapp.training import BatchCursor, TrainStats, train_steps
+from fedapp.neural.training import BatchCursor, TrainStats, train_steps
+from fedapp.privacy.dp import (
+    RELEASES_KEY,
+    clip_rows,
+    clipped_release,
+    count_releases,
+    gaussian_mechanism,
+    moments_sensitivity,
+    noise_multiplier,
+    planned_releases,
+    secret_rng,
+    sum_count_sensitivity,
+    total_releases,
+)
+from fedapp.privacy.floor import WITHHELD_KEY
+from fedapp.privacy.secagg import secure_upload
+from fedapp.report.stages import Assignment, nearest_with_distance
 
 
 # ------------------------------------------------------------------------------- local training
@@ -421,7 +421,7 @@ class FSTCClient(ClusteringClient):
     def secure(
         self, reply: NDArrays, modes: list[str], metrics: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """The reply as SecAgg+ takes it (`fedapp.secure_sum`): sums over n, counters in the clear."""
+        """The reply as SecAgg+ takes it (`fedapp.privacy.secagg`): sums over n, counters in the clear."""
         n = self.data.n_samples
         masked, extra = secure_upload(reply, modes, n, self.cfg.secagg_clip)
         return masked, n, {**metrics, **extra}

@@ -6,7 +6,7 @@ batch. What does: see fedapp/methods/gfedntm.py and docs/methods/gfedntm.md (a m
 not anonymous: the encoder's first-layer gradient is non-zero exactly in the columns of words present
 in the batch).
 
-Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) each training reply is one client-level
+Under differential privacy (`dp.epsilon` > 0, `fedapp.privacy.dp`) each training reply is one client-level
 Gaussian release (`private_reply`): the update (the gradient, or the parameter delta with `exchange =
 parameters`) together with the BatchNorm running statistics' delta is clipped to `dp.model-clip` and gets
 N(0, (z * model-clip)^2); other buffers (step counter, the fixed prior) go back as received. The
@@ -23,19 +23,20 @@ import torch
 from flwr.common import ConfigRecord, Context, NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from fedapp.bow import DocumentFrequencies, count_matrix, document_frequencies
-from fedapp.config import RunConfig
-from fedapp.dp import (
-    RELEASES_KEY,
-    count_releases,
-    noise_multiplier,
-    planned_releases,
-    private_update,
-    released_arrays,
-    secret_rng,
+from fedapp.config.run import RunConfig
+from fedapp.datasets.local import LocalData
+from fedapp.features.bow import DocumentFrequencies, count_matrix, document_frequencies
+from fedapp.features.embeddings import embed_texts
+from fedapp.maths.gfedntm import (
+    Corpus,
+    EpochSplit,
+    batch_loss,
+    bow_projection,
+    build_model,
+    infer_theta,
+    make_optimizer,
+    model_dtype,
 )
-from fedapp.embeddings import embed_texts
-from fedapp.local_data import LocalData
 from fedapp.methods.gfedntm import (
     BOW_CONTEXT_DIM,
     COOCCURRENCE_KEY,
@@ -47,20 +48,7 @@ from fedapp.methods.gfedntm import (
     GFedNTMConfig,
 )
 from fedapp.models.gfedntm import Groups
-from fedapp.ntm import (
-    Corpus,
-    EpochSplit,
-    batch_loss,
-    bow_projection,
-    build_model,
-    infer_theta,
-    make_optimizer,
-    model_dtype,
-)
-from fedapp.protocol import encode_array
-from fedapp.report import REPORT_KEY, Assignment
-from fedapp.secure_sum import SUM, model_modes, secure_upload
-from fedapp.torch_glue import (
+from fedapp.neural.glue import (
     FINGERPRINT_KEY,
     client_rngs,
     gradient_arrays,
@@ -71,6 +59,18 @@ from fedapp.torch_glue import (
     state_arrays,
     state_schema,
 )
+from fedapp.privacy.dp import (
+    RELEASES_KEY,
+    count_releases,
+    noise_multiplier,
+    planned_releases,
+    private_update,
+    released_arrays,
+    secret_rng,
+)
+from fedapp.privacy.secagg import SUM, model_modes, secure_upload
+from fedapp.report.stages import REPORT_KEY, Assignment
+from fedapp.wire import encode_array
 
 VOCABULARY_KEY = "gfedntm-vocabulary"
 RNG_KEY = "gfedntm-rngs"
@@ -134,7 +134,7 @@ class GFedNTMClient(ClusteringClient):
     def secure(
         self, arrays: NDArrays, modes: list[str], metrics: dict[str, Scalar], n: int | None = None
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """The reply as SecAgg+ takes it (`fedapp.secure_sum`), with weight n (documents used)."""
+        """The reply as SecAgg+ takes it (`fedapp.privacy.secagg`), with weight n (documents used)."""
         n = self.data.n_samples if n is None else n
         masked, extra = secure_upload(arrays, modes, n, self.cfg.secagg_clip)
         return masked, n, {**metrics, **extra}

@@ -1,6 +1,7 @@
 """k-FED client (Dennis et al., ICML 2021, Alg. 1 local step): k' local k-means centres, sent once.
 
-Under differential privacy (`dp.epsilon` > 0, `fedapp.dp`) local k-means is replaced by DP-Lloyd on the
+Under differential privacy (`dp.epsilon` > 0, `fedapp.privacy.dp`) local k-means is replaced by DP-Lloyd on
+the
 records clipped to `dp.clip`, `dp.lloyd-iters` noisy releases of (per-cluster sums, per-cluster counts)
 (sensitivity sqrt(clip^2 + 1)): the first is the noisy mean (one cluster), and the initial centres are
 that mean plus seeded data-independent offsets (random directions through the origin put almost every
@@ -20,9 +21,11 @@ from flwr.app import MetricRecord
 from flwr.common import Context, NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from fedapp.clustering import nearest_centre
-from fedapp.config import RunConfig
-from fedapp.dp import (
+from fedapp.config.run import RunConfig
+from fedapp.maths.clustering import nearest_centre
+from fedapp.methods.kfed import KFedConfig
+from fedapp.metrics.label_free import cluster_sums
+from fedapp.privacy.dp import (
     RELEASES_KEY,
     STATE_KEY,
     clip_rows,
@@ -33,17 +36,15 @@ from fedapp.dp import (
     secret_rng,
     sum_count_sensitivity,
 )
-from fedapp.label_free import cluster_sums
-from fedapp.methods.kfed import KFedConfig
-from fedapp.privacy import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, floored_kmeans
-from fedapp.report import Assignment, nearest_with_distance
+from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, floored_kmeans
+from fedapp.report.stages import Assignment, nearest_with_distance
 
 
 def local_centres(
     X: np.ndarray, k_local: int, seed: int, restarts: int = 10, floor: int = CLIENT_MIN_CLUSTER
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Local k-means with k' = min(k_local, n // floor) centres, a cluster below the privacy `floor`
-    merged into its nearest neighbour (`fedapp.privacy`); returns (centres, counts, clusters merged)."""
+    merged into its nearest neighbour (`fedapp.privacy.floor`); returns (centres, counts, clusters merged)."""
     return floored_kmeans(X, k_local, seed, floor, n_init=restarts)
 
 

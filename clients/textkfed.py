@@ -13,13 +13,13 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import ClusteringClient
 from clients.kfed import dp_kfed_reply, local_centres
-from fedapp.bow import count_matrix, document_frequencies, tfidf_matrix
-from fedapp.clustering import nearest_centre
-from fedapp.dp import RELEASES_KEY, clip_rows
+from fedapp.features.bow import count_matrix, document_frequencies, tfidf_matrix
+from fedapp.features.texts import local_embeddings
+from fedapp.maths.clustering import nearest_centre
 from fedapp.methods.textkfed import DOCUMENTS_KEY, PHASE_VOCABULARY, TextKFedConfig
-from fedapp.privacy import MERGED_KEY, capped_clusters
-from fedapp.report import Assignment, nearest_with_distance
-from fedapp.text_features import local_embeddings
+from fedapp.privacy.dp import RELEASES_KEY, clip_rows
+from fedapp.privacy.floor import MERGED_KEY, capped_clusters
+from fedapp.report.stages import Assignment, nearest_with_distance
 
 
 class BagOfWordsKFedClient(ClusteringClient):

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tomli_w  # noqa: E402
 
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
-from fedapp.config import PROJECT_ROOT, parse_run_config  # noqa: E402
+from fedapp.config.run import PROJECT_ROOT, parse_run_config  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
-from fedapp.results import exit_code, mark_summary, status_line  # noqa: E402
+from fedapp.report.records import exit_code, mark_summary, status_line  # noqa: E402
 from simulation.presets import apply_preset  # noqa: E402
 from simulation.processes import (  # noqa: E402
     RUN_TOKEN_ENV,

@@ -9,10 +9,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from fedapp.config import DEVICES, ConfigError
+from fedapp.config.run import DEVICES, ConfigError
 from fedapp.datasets import DatasetError, dataset_infos
 from fedapp.methods import METHODS
-from fedapp.results import exit_code, format_metrics_table, mark_summary, status_line
+from fedapp.report.records import exit_code, format_metrics_table, mark_summary, status_line
 from simulation.experiments import ExperimentError, check_experiment, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.presets import apply_preset
@@ -37,7 +37,7 @@ def _prog() -> str:
 
 
 def version_text() -> str:
-    from fedapp.model_store import package_version
+    from fedapp.report.model_store import package_version
 
     return f"fedapp {package_version('fedapp')} (flwr {package_version('flwr')})"
 
@@ -180,7 +180,7 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "stop-local-superlink":
         return _stop_local_superlinks(args.flwr_home)
     if args.command == "predict":
-        from fedapp.model_store import ModelError
+        from fedapp.report.model_store import ModelError
         from simulation.predict import predict
 
         try:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedapp.config import PROJECT_ROOT
+from fedapp.config.run import PROJECT_ROOT
 from simulation.processes import RUN_TOKEN_ENV, processes_with_token
 from simulation.runner import build_overrides, execute
 

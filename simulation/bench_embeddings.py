@@ -1,4 +1,5 @@
-"""Measure `fedapp.embeddings`: encoding speed of StackOverflow titles per thread count, and a cached call.
+"""Measure `fedapp.features.embeddings`: encoding speed of StackOverflow titles per thread count, and a
+cached call.
 
     python -m simulation.bench_embeddings [--data-dir ../shared/data] [--sample 2000] [--threads 1 2]
 
@@ -19,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedapp.embeddings import DEFAULT_MODEL, embed_texts, load_sentence_model  # noqa: E402
+from fedapp.features.embeddings import DEFAULT_MODEL, embed_texts, load_sentence_model  # noqa: E402
 
 
 def _titles(data_dir: Path) -> list[str]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedapp.config import PROJECT_ROOT
+from fedapp.config.run import PROJECT_ROOT
 from simulation.processes import RUN_TOKEN_ENV
 
 # method -> (dataset, clients, extra run-config keys); rounds come from --rounds

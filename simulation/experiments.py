@@ -32,7 +32,7 @@ from typing import Any
 
 from flwr.common.config import flatten_dict
 
-from fedapp.config import ConfigError, parse_run_config
+from fedapp.config.run import ConfigError, parse_run_config
 from simulation.presets import apply_preset
 from simulation.runner import ClientResources, RunError, build_overrides, execute, validate
 

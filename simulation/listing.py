@@ -6,8 +6,8 @@ import json
 import textwrap
 from typing import Any
 
-from fedapp.config import RunConfig, config_sections
-from fedapp.config_keys import ConfigSection, KeySpec
+from fedapp.config.keys import ConfigSection, KeySpec
+from fedapp.config.run import RunConfig, config_sections
 from fedapp.datasets import DatasetInfo
 from fedapp.methods import METHODS, method_spec, methods_for_kind
 from simulation.presets import available_presets

@@ -1,6 +1,7 @@
 """`python -m simulation predict`: assign new records with a saved model, locally, no federation.
 
-The saved weights (`OUT/model/`, see `fedapp.model_store`) are handed to the method's own client code, as
+The saved weights (`OUT/model/`, see `fedapp.report.model_store`) are handed to the method's own client code,
+as
 in the final report of the run that made them, over the records of one file: run on a node's own file,
 the result equals that node's `assignments.csv`. Transductive methods (vertical: the model is the
 training rows' consensus labels) have nothing to apply to new records and say so.
@@ -14,13 +15,13 @@ from typing import Any
 
 from flwr.common import Context, RecordDict
 
-from fedapp.config import ConfigError, parse_run_config
+from fedapp.app.preflight import check_out_dir
+from fedapp.config.run import ConfigError, parse_run_config
 from fedapp.datasets import has_placeholder, is_source_spec
-from fedapp.local_data import load_run_dataset
+from fedapp.datasets.local import load_run_dataset
 from fedapp.methods import load_class, method_spec
-from fedapp.model_store import read_model
-from fedapp.node_outputs import write_assignments
-from fedapp.preflight import check_out_dir
+from fedapp.report.assignments import write_assignments
+from fedapp.report.model_store import read_model
 from simulation.runner import absolute_spec
 
 # Keys of the saved run that must not carry over to one local file

@@ -25,7 +25,7 @@ from typing import Any
 
 from flwr.common.config import flatten_dict
 
-from fedapp.config import ConfigError, parse_run_config
+from fedapp.config.run import ConfigError, parse_run_config
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 

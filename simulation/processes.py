@@ -130,11 +130,11 @@ def run_filtered(
 ) -> int:
     """Run `command`; every output line (ANSI codes removed) goes to `log_path`, progress lines to stdout.
 
-    Progress lines are those the strategy marks with `fedapp.results.PROGRESS_MARKER`; Flower's own
+    Progress lines are those the strategy marks with `fedapp.report.records.PROGRESS_MARKER`; Flower's own
     chatter (history dumps, per-round sampling notes, repeated warnings) stays in the log file. The
     process runs in its own session and is appended to `started`; if this call is interrupted, it stops it.
     """
-    from fedapp.results import PROGRESS_MARKER, progress_text
+    from fedapp.report.records import PROGRESS_MARKER, progress_text
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log_file:

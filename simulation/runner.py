@@ -4,7 +4,7 @@ Engines:
 - `flwr` (default): Flower's Ray simulation through `flwr run`, against a local simulation SuperLink
   that this runner starts on free loopback ports with a private FLWR_HOME and always stops by PID.
 - `inprocess`: the same strategy/client classes under Flower's legacy `Server` loop without Ray
-  (fedapp/inprocess.py) — for seed sweeps; results are identical in kind.
+  (fedapp/app/inprocess.py) — for seed sweeps; results are identical in kind.
 Centralized references (method `kmeans`) run directly, without Flower.
 """
 
@@ -25,7 +25,8 @@ from typing import Any
 
 import tomli_w
 
-from fedapp.config import PROJECT_ROOT, ConfigError, RunConfig, default_run_config, parse_run_config
+from fedapp.app.preflight import check_run
+from fedapp.config.run import PROJECT_ROOT, ConfigError, RunConfig, default_run_config, parse_run_config
 from fedapp.datasets import (
     MAT_PREFIX,
     PARTITION_PLACEHOLDER,
@@ -35,10 +36,9 @@ from fedapp.datasets import (
     require_files,
     resolve_data_dir,
 )
-from fedapp.local_data import views_of
+from fedapp.datasets.local import views_of
 from fedapp.methods import METHODS, method_spec
-from fedapp.preflight import check_run
-from fedapp.results import mark_summary
+from fedapp.report.records import mark_summary
 from simulation.processes import (
     RUN_TOKEN_ENV,
     ProcessError,
@@ -278,7 +278,7 @@ def execute(
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / LOG_NAME
     if not method_spec(cfg.method).federated:
-        from fedapp.centralized import run_centralized
+        from fedapp.app.centralized import run_centralized
 
         run_centralized(cfg)
     elif engine == "inprocess":
@@ -304,9 +304,9 @@ def _log_tail(log_path: Path, lines: int = 25) -> str:
 
 
 def _run_inprocess(cfg: RunConfig, overrides: Mapping[str, Any], log_path: Path, *, quiet: bool) -> None:
-    from fedapp.client_app import client_fn
-    from fedapp.inprocess import run_inprocess
-    from fedapp.server_app import server_fn
+    from fedapp.app.client_app import client_fn
+    from fedapp.app.inprocess import run_inprocess
+    from fedapp.app.server_app import server_fn
 
     with flower_log_to_file(log_path, quiet=quiet):
         run_inprocess(server_fn, client_fn, overrides, cfg.num_clients)
@@ -320,7 +320,7 @@ def flower_log_to_file(log_path: Path, *, quiet: bool) -> Iterator[None]:
 
     from flwr.common.logger import FLOWER_LOGGER
 
-    from fedapp.results import PROGRESS_MARKER
+    from fedapp.report.records import PROGRESS_MARKER
 
     saved = (list(FLOWER_LOGGER.handlers), FLOWER_LOGGER.level)
     file_handler = logging.FileHandler(log_path, mode="w")
@@ -345,7 +345,7 @@ class _ProgressFormatter:
     """Only the text after the progress marker."""
 
     def format(self, record: Any) -> str:
-        from fedapp.results import progress_text
+        from fedapp.report.records import progress_text
 
         return progress_text(record.getMessage())
 

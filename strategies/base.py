@@ -31,11 +31,11 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedapp.checkpoint import checkpoint_dir, load_strategy, save_strategy
-from fedapp.config import RunConfig
-from fedapp.privacy import CLIENT_MIN_CLUSTER
-from fedapp.protocol import ReplyError
-from fedapp.results import PROGRESS_MARKER, default_out_dir
+from fedapp.app.checkpoint import checkpoint_dir, load_strategy, save_strategy
+from fedapp.config.run import RunConfig
+from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
+from fedapp.report.records import PROGRESS_MARKER, default_out_dir
+from fedapp.wire import ReplyError
 from strategies.hooks import StrategyHooks
 from strategies.records import RunRecord, run_status
 from strategies.replies import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import Parameters, ndarrays_to_parameters
 
-from fedapp.config import RunConfig
+from fedapp.config.run import RunConfig
 from fedapp.methods.bench_echo import EchoConfig
-from fedapp.protocol import ArraySpec
+from fedapp.wire import ArraySpec
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply
 

@@ -15,7 +15,7 @@ Under SecAgg+ (run-config `secagg`): the model's average (Eq. 8) is SecAgg+'s se
 centroids are not a sum and come in the clear beside it (the server's k-means needs every client's),
 so SecAgg+ hides each client's model but not its centroids. The setup round (no arrays) runs plain.
 
-Under differential privacy (`fedapp.dp`, clients/ccfc.py) every reply is a noised, clipped update with
+Under differential privacy (`fedapp.privacy.dp`, clients/ccfc.py) every reply is a noised, clipped update with
 equal weight; the server rescales the noisy local centroids by sqrt(k) / model-clip before its k-means,
 keeps averaged BatchNorm variances positive, and summary.json's `privacy` block accounts the releases.
 """
@@ -30,9 +30,8 @@ import numpy as np
 from flwr.common import EvaluateRes, Parameters, Scalar, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.clustering import kmeans
-from fedapp.config import ConfigError, RunConfig
-from fedapp.dp import RELEASES_KEY, floor_variances, privacy_summary
+from fedapp.config.run import ConfigError, RunConfig
+from fedapp.maths.clustering import kmeans
 from fedapp.methods.ccfc import (
     CLUSTER,
     PHASE_KEY,
@@ -45,11 +44,12 @@ from fedapp.methods.ccfc import (
     phase_of,
     secure_modes,
 )
-from fedapp.metrics import clustering_metrics, decode_table
+from fedapp.metrics.contingency import clustering_metrics, decode_table
 from fedapp.models.ccfc import initial_model
-from fedapp.protocol import ArraySpec, ReplyError
-from fedapp.secure_sum import secure_specs
-from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
+from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
+from fedapp.privacy.dp import RELEASES_KEY, floor_variances, privacy_summary
+from fedapp.privacy.secagg import secure_specs
+from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
 from strategies.secure import SecureSumStrategy
@@ -173,7 +173,7 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
         return secure_specs(specs, self.secure_modes(server_round)) if self.cfg.secagg else specs
 
     def secure_modes(self, server_round: int) -> list[str]:
-        """`fedapp.secure_sum` modes of a reply: the model averaged, the local centroids in the clear."""
+        """`fedapp.privacy.secagg` modes of a reply: the model averaged, the local centroids in the clear."""
         assert self.schema is not None
         return secure_modes([t.dtype for t in self.schema.tensors], self.wants_centroids(server_round))
 

@@ -25,9 +25,9 @@ from flwr.common import Scalar, log
 from scipy import sparse
 from sklearn.cluster import KMeans
 
-from fedapp.config import RunConfig
+from fedapp.config.run import RunConfig
 from fedapp.methods.cefmc import CeFMCConfig
-from fedapp.protocol import ArraySpec, ReplyError, label_dtype
+from fedapp.wire import ArraySpec, ReplyError, label_dtype
 from strategies.replies import ClientReply
 from strategies.vertical import VerticalStrategy
 

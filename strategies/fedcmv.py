@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from flwr.common import Scalar
 
-from fedapp.config import RunConfig
+from fedapp.config.run import RunConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
-from fedapp.protocol import ArraySpec, ReplyError, label_dtype
+from fedapp.wire import ArraySpec, ReplyError, label_dtype
 from strategies.replies import ClientReply
 from strategies.vertical import VerticalStrategy
 

@@ -5,7 +5,7 @@ initial global centres. Rounds >= 2: global centres = sum of clients' membership
 the summed membership mass (the FCM centre update over the union). Stops when the largest centre shift,
 relative to the centres' scale, is <= `delta`.
 
-Under differential privacy (`fedapp.dp`) the initialisation is the moments one (noisy sums of x and
+Under differential privacy (`fedapp.privacy.dp`) the initialisation is the moments one (noisy sums of x and
 x*x over a noisy count) and every reply is noisy: masses may be negative, a cluster whose summed noisy
 mass is below 1 keeps its previous centre, and summary.json's `privacy` block accounts the releases.
 """
@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
-from fedapp.clustering import centres_from_moments, centres_from_noisy_moments, kmeans
-from fedapp.config import RunConfig
-from fedapp.dp import RELEASES_KEY, privacy_summary
+from fedapp.config.run import RunConfig
+from fedapp.maths.clustering import centres_from_moments, centres_from_noisy_moments, kmeans
 from fedapp.methods.ffcm import FFCMConfig
-from fedapp.protocol import ArraySpec, ReplyError
+from fedapp.privacy.dp import RELEASES_KEY, privacy_summary
+from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, consistent_replies
 

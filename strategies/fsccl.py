@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
-from fedapp.config import RunConfig
-from fedapp.fstc_math import initial_centres
+from fedapp.config.run import RunConfig
+from fedapp.maths.fstc import initial_centres
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.models.fsccl import SCCLModel
-from fedapp.protocol import ArraySpec, ReplyError
-from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
+from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
+from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
 

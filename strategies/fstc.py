@@ -12,11 +12,11 @@ the models that came back, weights renormalised over them; a client that missed 
 initial model gets it (and the current C̃) the first time it is asked again.
 
 Under SecAgg+ (run-config `secagg`) every message the server takes in is a secure n-weighted average
-(`fedapp.secure_sum`): round 1 draws C̃ from the federated mean and variance of the representations
+(`fedapp.privacy.secagg`): round 1 draws C̃ from the federated mean and variance of the representations
 (`init = moments`), training rounds send per-cluster sums and counts over n (Eq. 16 from their totals;
 a cluster with under half a record in total keeps its C̃), and the final average is the secure one.
 
-Under differential privacy (`fedapp.dp`, clients/fstc.py) round 1 is the moments init on noisy sums,
+Under differential privacy (`fedapp.privacy.dp`, clients/fstc.py) round 1 is the moments init on noisy sums,
 Eq. 16 runs on the noisy totals (a cluster whose noisy count total is below 1 keeps its C̃) and
 summary.json's `privacy` block accounts the releases. With `fstc.dp-labels = centres` (default) no model
 is sent either way (the clients build the public initial model from the run seed) and the global model is
@@ -34,10 +34,9 @@ import torch
 from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.clustering import centres_from_moments, centres_from_noisy_moments
-from fedapp.config import RunConfig
-from fedapp.dp import RELEASES_KEY, privacy_summary
-from fedapp.fstc_math import aggregate_centres, initial_centres, site_skew
+from fedapp.config.run import RunConfig
+from fedapp.maths.clustering import centres_from_moments, centres_from_noisy_moments
+from fedapp.maths.fstc import aggregate_centres, initial_centres, site_skew
 from fedapp.methods.fstc import (
     CENTRES_KEY,
     FINAL_KEY,
@@ -51,10 +50,11 @@ from fedapp.methods.fstc import (
     secure_train_modes,
 )
 from fedapp.models.fstc import fstc_model
-from fedapp.privacy import WITHHELD_KEY
-from fedapp.protocol import ArraySpec, ReplyError
-from fedapp.secure_sum import secure_specs
-from fedapp.torch_glue import StateSchema, state_arrays, state_schema, weighted_average
+from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
+from fedapp.privacy.dp import RELEASES_KEY, privacy_summary
+from fedapp.privacy.floor import WITHHELD_KEY
+from fedapp.privacy.secagg import secure_specs
+from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 from strategies.secure import SecureSumStrategy
 
@@ -180,7 +180,7 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         return self.final_round(server_round) and not self.centre_labels
 
     def secure_modes(self, server_round: int) -> list[str]:
-        """`fedapp.secure_sum` modes of this round's reply under SecAgg+."""
+        """`fedapp.privacy.secagg` modes of this round's reply under SecAgg+."""
         if self.centres is None:
             return list(MOMENT_MODES)
         dtypes = [t.dtype for t in self.schema.tensors] if self.final_round(server_round) else []  # type: ignore[union-attr]

@@ -11,7 +11,8 @@ authors' later per-batch parameter averaging: clients step locally and send weig
 Failure policy (also the dropout-rate policy): a step is taken with the clients that answered, weights
 renormalised over them: exactly the centralized step on the union of their batches. A client that sat
 out a step skips that batch for the epoch (batches are a function of the global step, see
-`fedapp.ntm.EpochSplit`), so every client stays on the same epoch boundaries. A round without any valid
+`fedapp.maths.gfedntm.EpochSplit`), so every client stays on the same epoch boundaries. A round without any
+valid
 reply takes no step and is retried with the same batches. The vocabulary round is never thinned by
 `dropout-rate`: the consensus needs every client's terms.
 
@@ -20,7 +21,7 @@ round inside the secure run: `secure_round`), round 2 their document frequencies
 secure sum (rounded to integers: the same V as the plain merge), and every training reply is a secure
 n-weighted average, which is Eq. 2 itself. The training budget counts the rounds after the consensus.
 
-Under differential privacy (`fedapp.dp`, clients/gfedntm.py) every training reply is a clipped, noised
+Under differential privacy (`fedapp.privacy.dp`, clients/gfedntm.py) every training reply is a clipped, noised
 update; the server applies it as it is, keeps averaged BatchNorm variances positive, and summary.json's
 `privacy` block accounts the releases and names the vocabulary round as not covered.
 """
@@ -45,11 +46,21 @@ from flwr.common import (
 )
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.bow import BowError, DocumentFrequencies, merge_document_frequencies, select_vocabulary
-from fedapp.config import RunConfig
+from fedapp.config.run import RunConfig
 from fedapp.datasets.synthetic import VARIANTS as SYNTHETIC_DATASETS
 from fedapp.datasets.synthetic import synthetic_truth
-from fedapp.dp import RELEASES_KEY, floor_variances, privacy_summary
+from fedapp.features.bow import BowError, DocumentFrequencies, merge_document_frequencies, select_vocabulary
+from fedapp.maths.gfedntm import (
+    Corpus,
+    EpochSplit,
+    TopicModelError,
+    bow_projection,
+    build_model,
+    infer_theta,
+    make_optimizer,
+    steps_per_epoch,
+    top_words,
+)
 from fedapp.methods.gfedntm import (
     COOCCURRENCE_KEY,
     DIVERSITY_TOP_WORDS,
@@ -61,20 +72,7 @@ from fedapp.methods.gfedntm import (
     SECAGG_KEY,
     GFedNTMConfig,
 )
-from fedapp.ntm import (
-    Corpus,
-    EpochSplit,
-    TopicModelError,
-    bow_projection,
-    build_model,
-    infer_theta,
-    make_optimizer,
-    steps_per_epoch,
-    top_words,
-)
-from fedapp.protocol import ArraySpec, ReplyError, decode_array
-from fedapp.secure_sum import SUM, model_modes, secure_specs
-from fedapp.topic_metrics import (
+from fedapp.metrics.topics import (
     document_similarity_score,
     npmi_from_cooccurrence,
     reference_double_softmax,
@@ -82,7 +80,7 @@ from fedapp.topic_metrics import (
     topic_diversity,
     topic_similarity_score,
 )
-from fedapp.torch_glue import (
+from fedapp.neural.glue import (
     load_gradients,
     load_state_arrays,
     resolve_device,
@@ -90,6 +88,9 @@ from fedapp.torch_glue import (
     state_schema,
     weighted_average,
 )
+from fedapp.privacy.dp import RELEASES_KEY, floor_variances, privacy_summary
+from fedapp.privacy.secagg import SUM, model_modes, secure_specs
+from fedapp.wire import ArraySpec, ReplyError, decode_array
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
 from strategies.roster import FederationError
@@ -301,7 +302,8 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         return [*update, *state_schema(self.model, "buffers").array_specs()]
 
     def secure_modes(self) -> list[str]:
-        """`fedapp.secure_sum` modes of a training reply: floats averaged, integer buffers in the clear."""
+        """`fedapp.privacy.secagg` modes of a training reply: floats averaged, integer buffers in the
+        clear."""
         return model_modes([spec.dtype or "float64" for spec in self.state_specs()])
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:

@@ -14,9 +14,9 @@ from typing import Any
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, Parameters, Scalar
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.checkpoint import RESUME_KEY
-from fedapp.config import RunConfig
-from fedapp.protocol import ArraySpec
+from fedapp.app.checkpoint import RESUME_KEY
+from fedapp.config.run import RunConfig
+from fedapp.wire import ArraySpec
 from strategies.replies import ClientReply, contingency_evaluation
 
 

@@ -1,6 +1,7 @@
 """k-FED strategy (Dennis et al., ICML 2021): one-shot; k-means over the union of local centres.
 
-Under differential privacy (`fedapp.dp`) the local centres are noisy DP-Lloyd centres; the merge weights
+Under differential privacy (`fedapp.privacy.dp`) the local centres are noisy DP-Lloyd centres; the merge
+weights
 each by its noisy count (post-processing: a centre of a few noisy records is mostly noise) and
 summary.json's `privacy` block accounts the clients' releases.
 """
@@ -13,11 +14,11 @@ from typing import Any
 import numpy as np
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
-from fedapp.clustering import kmeans
-from fedapp.config import RunConfig
-from fedapp.dp import RELEASES_KEY, privacy_summary
+from fedapp.config.run import RunConfig
+from fedapp.maths.clustering import kmeans
 from fedapp.methods.kfed import KFedConfig
-from fedapp.protocol import ArraySpec, ReplyError
+from fedapp.privacy.dp import RELEASES_KEY, privacy_summary
+from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, consistent_replies
 

@@ -19,9 +19,9 @@ import numpy as np
 from flwr.common import FitRes, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.client_runtime import SECONDS_KEY
-from fedapp.ledger import CommLedger, mapping_nbytes, parameters_nbytes
-from fedapp.results import PROGRESS_MARKER, write_run_outputs
+from fedapp.app.managed_client import SECONDS_KEY
+from fedapp.report.ledger import CommLedger, mapping_nbytes, parameters_nbytes
+from fedapp.report.records import PROGRESS_MARKER, write_run_outputs
 from strategies.replies import describe_failure
 
 PLOT_EVERY_S = 30.0  # metrics.png is redrawn at most this often while a run is going

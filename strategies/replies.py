@@ -18,10 +18,10 @@ import numpy as np
 from flwr.common import EvaluateRes, FitRes, Scalar, log, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.ledger import parameters_nbytes
-from fedapp.metrics import clustering_metrics, decode_table
-from fedapp.protocol import ArraySpec, ReplyError, check_arrays, decode_array
-from fedapp.report import SIZES_KEY
+from fedapp.metrics.contingency import clustering_metrics, decode_table
+from fedapp.report.ledger import parameters_nbytes
+from fedapp.report.stages import SIZES_KEY
+from fedapp.wire import ArraySpec, ReplyError, check_arrays, decode_array
 
 MAX_REPLY_BYTES = 1 << 31  # a reply whose arrays have open dimensions is still never allowed past 2 GiB
 _NPY_OVERHEAD = 256  # bytes of the .npy header Flower's serialisation adds per array (at most)

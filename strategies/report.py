@@ -1,13 +1,13 @@
-"""Server side of the final report (`fedapp.report`): label-free metrics, keywords and the saved model.
+"""Server side of the final report (`fedapp.report.stages`): label-free metrics, keywords and the saved model.
 
-After the last round the server loop (`fedapp.server_loop.run_report`) asks every usable client to
+After the last round the server loop (`fedapp.app.server_loop.run_report`) asks every usable client to
 label its records with the global model (`assign`; each writes `assignments.csv` on its own machine)
 and, with the pooled cluster means that gives, for distances (`distances`). What comes back is merged
 into the label-free metrics (exactly those of the pooled data), cluster sizes and, for texts, c-TF-IDF
 keywords; then `OUT/model/` is written. A client that fails the report is named in the status.
 
 Under SecAgg+ (`secagg`) the two stages are fit messages aggregated by Flower's SecAgg+
-(`configure_secure_report` / `aggregate_secure_report`, driven by `fedapp.server_loop.run_secure_report`):
+(`configure_secure_report` / `aggregate_secure_report`, driven by `fedapp.app.server_loop.run_secure_report`):
 the server gets only the totals of sizes, sums and distance sums, which it rounds and merges as the plain
 report merges the clients' parts. Under differential privacy the clients send noisy statistics of
 clipped records or nothing (`dp.report`); the metrics from noisy totals are clamped and marked `noisy`.
@@ -37,8 +37,8 @@ from flwr.common import (
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.dp import RELEASES_KEY, clip_rows, report_summary
-from fedapp.label_free import (
+from fedapp.methods import method_spec
+from fedapp.metrics.label_free import (
     ClusterSums,
     DistanceSums,
     LabelFreeError,
@@ -55,11 +55,12 @@ from fedapp.label_free import (
     merge_term_counts,
     pooled_means,
 )
-from fedapp.methods import method_spec
-from fedapp.model_store import MODEL_DIR, write_model
-from fedapp.node_outputs import SCORE_KINDS
-from fedapp.protocol import decode_array
-from fedapp.report import (
+from fedapp.privacy.dp import RELEASES_KEY, clip_rows, report_summary
+from fedapp.privacy.secagg import CLIPPED_KEY
+from fedapp.report.assignments import SCORE_KINDS
+from fedapp.report.model_store import MODEL_DIR, write_model
+from fedapp.report.records import PROGRESS_MARKER
+from fedapp.report.stages import (
     DISTANCES_KEY,
     NOISY_ASSIGN,
     NOISY_DISTANCES,
@@ -79,8 +80,7 @@ from fedapp.report import (
     assign_from_totals,
     distances_from_totals,
 )
-from fedapp.results import PROGRESS_MARKER
-from fedapp.secure_sum import CLIPPED_KEY
+from fedapp.wire import decode_array
 from strategies.replies import describe_failure
 
 KEYWORDS = 10  # keywords kept per cluster

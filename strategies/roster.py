@@ -17,7 +17,7 @@ from flwr.common import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.config import RunConfig
+from fedapp.config.run import RunConfig
 from strategies.records import RunRecord
 
 CLIENT_WAIT_S = 300

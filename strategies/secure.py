@@ -1,7 +1,7 @@
 """Strategy side of SecAgg+ (run-config `secagg`): a round's secure average back into per-reply arrays.
 
 Under SecAgg+ every fit reply a strategy sees carries the same secure average, in place of the client's
-own arrays (`fedapp.secure_sum`). `SecureSumStrategy.plain_equivalent` turns them into arrays the
+own arrays (`fedapp.privacy.secagg`). `SecureSumStrategy.plain_equivalent` turns them into arrays the
 method's plain aggregation maps to the secure result, so each method keeps one aggregation path. The
 sum covers every client whose reply reached the workflow: if the strategy rejects one of them (a bad
 fingerprint, a wrong step), its share cannot be taken out again, so the round is skipped.
@@ -17,7 +17,7 @@ from typing import Any
 from flwr.common import FitRes, Parameters, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.secure_sum import CLEAR_KEY, CLIPPED_KEY, plain_replies, sum_tolerance
+from fedapp.privacy.secagg import CLEAR_KEY, CLIPPED_KEY, plain_replies, sum_tolerance
 from strategies.replies import ClientReply
 
 
@@ -58,7 +58,7 @@ class SecureSumStrategy:
         modes: Sequence[str],
         dtypes: Sequence[str | None],
     ) -> list[ClientReply]:
-        """`replies` with arrays whose plain aggregation equals the secure one (see `fedapp.secure_sum`);
+        """`replies` with arrays whose plain aggregation equals the secure one (see `fedapp.privacy.secagg`);
         ValueError (the round is skipped) when a client inside the secure sum was rejected."""
         missing = set(self.secure_weights) - {reply.cid for reply in replies}
         if missing:

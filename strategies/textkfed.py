@@ -13,10 +13,15 @@ import numpy as np
 from flwr.common import FitIns, Parameters, Scalar, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.bow import DocumentFrequencies, idf_weights, merge_document_frequencies, select_vocabulary
-from fedapp.config import RunConfig
+from fedapp.config.run import RunConfig
+from fedapp.features.bow import (
+    DocumentFrequencies,
+    idf_weights,
+    merge_document_frequencies,
+    select_vocabulary,
+)
 from fedapp.methods.textkfed import DOCUMENTS_KEY, PHASE_CENTRES, PHASE_VOCABULARY, TextKFedConfig
-from fedapp.protocol import ArraySpec, ReplyError
+from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.kfed import KFedStrategy, merge_local_centres
 from strategies.replies import ClientReply, consistent_replies

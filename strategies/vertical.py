@@ -18,11 +18,11 @@ import numpy as np
 from flwr.common import FitIns, GetPropertiesIns, Parameters, Scalar, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.alignment import ALIGN_KEY, ALIGNED_KEY, AlignmentError, intersect
-from fedapp.config import RunConfig
+from fedapp.config.run import RunConfig
 from fedapp.datasets import is_source_spec
-from fedapp.protocol import LABEL_HOLDER, ArraySpec, ReplyError, label_dtype
-from fedapp.results import PROGRESS_MARKER
+from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, AlignmentError, intersect
+from fedapp.report.records import PROGRESS_MARKER
+from fedapp.wire import LABEL_HOLDER, ArraySpec, ReplyError, label_dtype
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, consistent_replies
 
@@ -182,7 +182,7 @@ class VerticalStrategy(ClusteringStrategy):
                 raise ReplyError(f"labels outside [0, {self.k})")
 
     def align(self, replies: list[ClientReply]) -> None:
-        """Intersect the parties' id hashes (`fedapp.alignment`); a tiny overlap stops the run."""
+        """Intersect the parties' id hashes (`fedapp.privacy.alignment`); a tiny overlap stops the run."""
         n_views = self.n_views or self.roster.clients_seen
         hashes = {reply.partition_id: reply.arrays[0] for reply in replies}
         missing = sorted(set(range(n_views)) - set(hashes))

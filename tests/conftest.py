@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fedapp.embeddings import CACHE_DIR_ENV
+from fedapp.features.embeddings import CACHE_DIR_ENV
 
 
 @pytest.fixture(scope="session")

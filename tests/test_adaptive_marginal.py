@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedapp.config import ConfigError, parse_run_config
-from fedapp.fstc_math import pseudo_labels, self_adaptive_shares, sinkhorn_log_plan
+from fedapp.config.run import ConfigError, parse_run_config
+from fedapp.maths.fstc import pseudo_labels, self_adaptive_shares, sinkhorn_log_plan
 from fedapp.methods.fstc import FSTCConfig
 
 TRUE_SHARES = torch.tensor([0.6, 0.3, 0.1])

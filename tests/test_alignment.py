@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.alignment import AlignmentError, aligned_rows, hash_ids, intersect, run_key
-from fedapp.model_store import ModelError, read_model, write_model
-from fedapp.node_outputs import node_out_dir, read_assignments, run_name, write_assignments
+from fedapp.privacy.alignment import AlignmentError, aligned_rows, hash_ids, intersect, run_key
+from fedapp.report.assignments import node_out_dir, read_assignments, run_name, write_assignments
+from fedapp.report.model_store import ModelError, read_model, write_model
 
 
 def test_parties_line_up_the_shared_records_in_hash_order() -> None:

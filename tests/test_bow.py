@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
 
-from fedapp.bow import (
+from fedapp.features.bow import (
     BowError,
     DocumentFrequencies,
     Tokenizer,

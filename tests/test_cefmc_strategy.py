@@ -36,13 +36,13 @@ from threadpoolctl import threadpool_limits
 from clients.base import ClientConfigError
 from clients.cefmc import CeFMCClient, client_round, client_round_full_representation, init_embedding
 from clients.fedcmv import init_centroids, squared_distances
-from fedapp.config import ConfigError, RunConfig, parse_run_config
+from fedapp.config.run import ConfigError, RunConfig, parse_run_config
 from fedapp.datasets import resolve_data_dir
+from fedapp.datasets.partition import PartitionError
 from fedapp.methods import METHODS
 from fedapp.methods.fedcmv import choose_initial_samples
-from fedapp.metrics import clustering_metrics, contingency_table, encode_table
-from fedapp.partition import PartitionError
-from fedapp.protocol import LABEL_HOLDER, label_dtype
+from fedapp.metrics.contingency import clustering_metrics, contingency_table, encode_table
+from fedapp.wire import LABEL_HOLDER, label_dtype
 from simulation.runner import build_overrides, count_views, execute
 from strategies.cefmc import (
     CeFMCHStrategy,

@@ -11,11 +11,11 @@ import pytest
 from flwr.common import Context, RecordDict
 from flwr.common.config import flatten_dict
 
-from fedapp.config import ConfigError, RunConfig, default_run_config, parse_run_config
+from fedapp.app.server_app import server_fn
+from fedapp.config.run import ConfigError, RunConfig, default_run_config, parse_run_config
 from fedapp.methods import METHODS, config_tables
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.ffcm import FFCMConfig
-from fedapp.server_app import server_fn
 from simulation.runner import parse_set_options
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedapp.config import parse_run_config
+from fedapp.config.run import parse_run_config
 from fedapp.datasets import DATASETS, has_placeholder, is_source_spec, resolve_data_dir, source_path
 from fedapp.datasets.common import OnDisk
 

@@ -1,4 +1,5 @@
-"""Differential privacy (`fedapp.dp`): clipping, the noise scale, the accountant, calibration, what the
+"""Differential privacy (`fedapp.privacy.dp`): clipping, the noise scale, the accountant, calibration, what
+the
 FFCM and k-FED clients send under DP, config errors before start, and a small end-to-end run."""
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from flwr.common import Context, RecordDict
 
 from clients.ffcm import FFCMClient, membership_sums
 from clients.kfed import KFedClient, dp_lloyd
-from fedapp.clustering import nearest_centre
-from fedapp.config import ConfigError, parse_run_config
-from fedapp.dp import (
+from fedapp.config.run import ConfigError, parse_run_config
+from fedapp.datasets.local import load_run_dataset
+from fedapp.maths.clustering import nearest_centre
+from fedapp.privacy.dp import (
     DP_METHODS,
     RELEASES_KEY,
     PrivacyBudgetError,
@@ -28,7 +30,6 @@ from fedapp.dp import (
     secret_rng,
     sum_count_sensitivity,
 )
-from fedapp.local_data import load_run_dataset
 from simulation.__main__ import main
 
 DP = {"dp.epsilon": 2.0, "dp.delta": 1e-5, "dp.clip": 1.0}

@@ -1,4 +1,5 @@
-"""Differential privacy for FSTC (with `fstc.dp-labels = model`), CCFC and gFedNTM (`fedapp.dp`): what a
+"""Differential privacy for FSTC (with `fstc.dp-labels = model`), CCFC and gFedNTM (`fedapp.privacy.dp`):
+what a
 client sends is clipped before it is noised (payload tests: the arrays handed to the Gaussian mechanism,
 spied on in small in-process runs), and the RDP accountant reports an epsilon spent within the target, per
 record (FSTC) or per client."""
@@ -14,10 +15,10 @@ import numpy as np
 import pytest
 
 import clients.fstc
-import fedapp.dp
+import fedapp.privacy.dp
 from clients.fstc import dp_centre_statistics, private_model
-from fedapp.config import parse_run_config
-from fedapp.dp import UNITS, clip_joint, clip_rows, epsilon_spent, planned_releases, private_update
+from fedapp.config.run import parse_run_config
+from fedapp.privacy.dp import UNITS, clip_joint, clip_rows, epsilon_spent, planned_releases, private_update
 from simulation.runner import build_overrides, execute
 
 DP = {"dp.epsilon": 2.0, "dp.delta": 1e-5}
@@ -71,7 +72,8 @@ class Spy:
     def __init__(self) -> None:
         self.statistics: list[tuple[list[np.ndarray], float]] = []
         self.norms_before: list[float] = []
-        self.real_mechanism, self.real_clip = fedapp.dp.gaussian_mechanism, fedapp.dp.clip_joint
+        self.real_mechanism = fedapp.privacy.dp.gaussian_mechanism
+        self.real_clip = fedapp.privacy.dp.clip_joint
 
     def mechanism(self, statistics: list[np.ndarray], sensitivity: float, z: float, rng: Any) -> Any:
         self.statistics.append(([np.array(s, copy=True) for s in statistics], sensitivity))
@@ -86,8 +88,8 @@ class Spy:
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
     spy = Spy()
-    monkeypatch.setattr(fedapp.dp, "gaussian_mechanism", spy.mechanism)
-    monkeypatch.setattr(fedapp.dp, "clip_joint", spy.clip)
+    monkeypatch.setattr(fedapp.privacy.dp, "gaussian_mechanism", spy.mechanism)
+    monkeypatch.setattr(fedapp.privacy.dp, "clip_joint", spy.clip)
     monkeypatch.setattr(clients.fstc, "gaussian_mechanism", spy.mechanism)
     return spy
 

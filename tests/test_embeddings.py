@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from fedapp import embeddings
-from fedapp.embeddings import (
+from fedapp.features.embeddings import (
     CACHE_DIR_ENV,
     DEFAULT_MODEL,
     EmbeddingError,
@@ -318,7 +318,7 @@ def test_a_cache_hit_imports_neither_torch_nor_sentence_transformers(loader: Loa
     np.save(tmp_path / "expected.npy", expected)
     script = (
         "import sys, numpy as np\n"
-        "from fedapp.embeddings import embed_texts\n"
+        "from fedapp.features.embeddings import embed_texts\n"
         f"vectors = embed_texts({TEXTS!r}, dataset='so', device='cpu')\n"
         f"assert np.array_equal(vectors, np.load({str(tmp_path / 'expected.npy')!r}))\n"
         "print(sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules))\n"

@@ -57,7 +57,7 @@ def test_scale_multiplies_the_embeddings_and_the_initial_centres() -> None:
     from flwr.common import Context, RecordDict
 
     from clients.fsccl import FSCCLClient
-    from fedapp.config import parse_run_config
+    from fedapp.config.run import parse_run_config
 
     def client(scale: float) -> FSCCLClient:
         cfg = parse_run_config(

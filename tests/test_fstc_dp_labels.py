@@ -19,13 +19,13 @@ from flwr.common import Context, RecordDict
 
 import clients.fstc
 from clients.fstc import FSTCClient
-from fedapp.clustering import nearest_centre
-from fedapp.config import ConfigError, parse_run_config
-from fedapp.dp import REPORT_RELEASES, planned_releases, privacy_summary, total_releases
+from fedapp.config.run import ConfigError, parse_run_config
+from fedapp.maths.clustering import nearest_centre
 from fedapp.methods.fstc import FSTCConfig
-from fedapp.model_store import read_model
-from fedapp.node_outputs import read_assignments
-from fedapp.torch_glue import state_arrays
+from fedapp.neural.glue import state_arrays
+from fedapp.privacy.dp import REPORT_RELEASES, planned_releases, privacy_summary, total_releases
+from fedapp.report.assignments import read_assignments
+from fedapp.report.model_store import read_model
 from simulation.predict import predict
 from simulation.runner import build_overrides, execute
 from strategies.fstc import FSTCStrategy

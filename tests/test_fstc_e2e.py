@@ -14,11 +14,11 @@ import pytest
 from flwr.common import Context, RecordDict
 
 from clients.fstc import FSTCClient
-from fedapp.config import parse_run_config
-from fedapp.fstc_math import initial_centres
+from fedapp.config.run import parse_run_config
+from fedapp.maths.fstc import initial_centres
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fstc import fstc_model
-from fedapp.torch_glue import state_arrays, state_schema
+from fedapp.neural.glue import state_arrays, state_schema
 from simulation.runner import build_overrides, execute
 
 QUICK = {"fstc.local-iters": 20, "fstc.batch-size": 50, "fstc.warmup-iters": 10, "fstc.label-updates": 4}
@@ -62,10 +62,11 @@ def test_same_seed_same_result(tmp_path: Path) -> None:
 
 
 def test_the_mixture_runs_on_one_blas_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """OpenBLAS threads on the N x K mixture made a contended 2-core run 2.2x slower (fedapp/threads.py)."""
+    """OpenBLAS threads on the N x K mixture made a contended 2-core run 2.2x slower
+    (fedapp/maths/threads.py)."""
     from threadpoolctl import threadpool_info
 
-    from fedapp.fstc_math import GaussianUniformMixture
+    from fedapp.maths.fstc import GaussianUniformMixture
 
     seen: list[int] = []
     fit = GaussianUniformMixture.fit_responsibilities
@@ -151,7 +152,7 @@ def test_pretokenized_batches_equal_tokenizing_each_batch() -> None:
     import torch
 
     from clients.fstc import LocalInputs
-    from fedapp.embeddings import DEFAULT_MODEL
+    from fedapp.features.embeddings import DEFAULT_MODEL
 
     params = parse_run_config(
         {"method": "fstc", "dataset": "texts-demo", "fstc.encoder": "fine-tune", "fstc.adapter-hidden": 0}

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.results import status_line
+from fedapp.report.records import status_line
 
 K = 100
 SYLLABLES = ("ka", "lo", "mi", "ter", "pan", "zu", "vor", "eli", "dra", "nox", "qui", "sel", "bru", "fan")
@@ -63,7 +63,7 @@ def test_a_hundred_long_tailed_clusters_on_four_clients_run_and_say_what_degrade
 
 
 def test_fewer_local_centres_than_k_are_padded_with_seeded_draws() -> None:
-    from fedapp.fstc_math import initial_centres
+    from fedapp.maths.fstc import initial_centres
 
     rng = np.random.default_rng(0)
     points = [rng.normal(size=(30, 8)), rng.normal(size=(20, 8))]

@@ -10,8 +10,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from clients.fstc import LabellingState, LocalInputs, LocalUpdate
-from fedapp.config_keys import ConfigError
-from fedapp.fstc_math import (
+from fedapp.config.keys import ConfigError
+from fedapp.maths.fstc import (
     GaussianUniformMixture,
     LocalCentres,
     alignment_loss,
@@ -22,7 +22,7 @@ from fedapp.fstc_math import (
     sinkhorn_log_plan,
     weighted_mse,
 )
-from fedapp.losses import instance_contrastive_loss
+from fedapp.maths.losses import instance_contrastive_loss
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fstc import FSTCModel
 

@@ -11,11 +11,11 @@ import pytest
 from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.config import parse_run_config
-from fedapp.fstc_math import aggregate_centres, initial_centres
+from fedapp.config.run import parse_run_config
+from fedapp.maths.fstc import aggregate_centres, initial_centres
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY
-from fedapp.metrics import encode_table
-from fedapp.torch_glue import FINGERPRINT_KEY
+from fedapp.metrics.contingency import encode_table
+from fedapp.neural.glue import FINGERPRINT_KEY
 from strategies.fstc import FSTCRSTCStrategy, FSTCStrategy
 from tests.flower_mocks import mock_manager, mock_proxy
 

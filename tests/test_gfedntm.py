@@ -12,20 +12,20 @@ import torch
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.config import parse_run_config
+from fedapp.config.run import parse_run_config
+from fedapp.datasets.partition import PartitionError, partition_indices
 from fedapp.datasets.synthetic import SyntheticLDASpec, generate
+from fedapp.maths.gfedntm import EpochSplit, TopicModelError, steps_per_epoch
 from fedapp.methods.gfedntm import PHASE_TRAIN, PHASE_VOCABULARY
-from fedapp.models.gfedntm import GroupBatchNorm1d
-from fedapp.ntm import EpochSplit, TopicModelError, steps_per_epoch
-from fedapp.partition import PartitionError, partition_indices
-from fedapp.topic_metrics import (
+from fedapp.metrics.topics import (
     average_minimum_wmd,
     document_similarity_score,
     npmi_from_cooccurrence,
     topic_diversity,
     topic_similarity_score,
 )
-from fedapp.torch_glue import FINGERPRINT_KEY, state_arrays, state_schema
+from fedapp.models.gfedntm import GroupBatchNorm1d
+from fedapp.neural.glue import FINGERPRINT_KEY, state_arrays, state_schema
 from simulation.runner import build_overrides, execute
 from strategies.gfedntm import GFedNTMStrategy, weighted_gradient
 from tests.flower_mocks import mock_proxy

@@ -24,14 +24,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp.client_app import client_fn
-from fedapp.config import parse_run_config
+from fedapp.app.client_app import client_fn
+from fedapp.app.inprocess import run_inprocess
+from fedapp.app.server_app import server_fn
+from fedapp.config.run import parse_run_config
 from fedapp.datasets import load_dataset
-from fedapp.inprocess import run_inprocess
-from fedapp.local_data import client_seed
-from fedapp.methods.gfedntm import GFedNTMConfig
-from fedapp.models.gfedntm import Groups, NeuralTopicModel
-from fedapp.ntm import (
+from fedapp.datasets.local import client_seed
+from fedapp.datasets.partition import partition_indices
+from fedapp.maths.gfedntm import (
     Corpus,
     EpochSplit,
     batch_loss,
@@ -42,9 +42,9 @@ from fedapp.ntm import (
     steps_per_epoch,
     union_batch_step,
 )
-from fedapp.partition import partition_indices
-from fedapp.server_app import server_fn
-from fedapp.torch_glue import Rngs
+from fedapp.methods.gfedntm import GFedNTMConfig
+from fedapp.models.gfedntm import Groups, NeuralTopicModel
+from fedapp.neural.glue import Rngs
 
 STEPS = 200
 CLIENTS = 3  # by-group over 5 nodes: clients of 240, 240 and 120 documents (unequal n_l)

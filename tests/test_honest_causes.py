@@ -18,10 +18,10 @@ import pytest
 from flwr.common import Context, RecordDict
 from flwr.server.client_manager import SimpleClientManager
 
-from fedapp.client_app import client_fn
-from fedapp.inprocess import InProcessClientProxy
-from fedapp.server_app import server_fn
-from fedapp.server_loop import FedappServer
+from fedapp.app.client_app import client_fn
+from fedapp.app.inprocess import InProcessClientProxy
+from fedapp.app.server_app import server_fn
+from fedapp.app.server_loop import FedappServer
 from simulation.runner import build_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,14 +10,14 @@ from flwr.common import Context, RecordDict
 
 from clients.ffcm import FFCMClient, fcm_memberships, membership_sums
 from clients.kfed import local_centres
-from fedapp.client_app import client_fn
-from fedapp.clustering import nearest_centre
-from fedapp.config import parse_run_config
-from fedapp.inprocess import run_inprocess
-from fedapp.local_data import load_run_dataset
+from fedapp.app.client_app import client_fn
+from fedapp.app.inprocess import run_inprocess
+from fedapp.app.server_app import server_fn
+from fedapp.config.run import parse_run_config
+from fedapp.datasets.local import load_run_dataset
+from fedapp.maths.clustering import nearest_centre
 from fedapp.methods.ffcm import FFCMConfig
-from fedapp.privacy import CLIENT_MIN_CLUSTER, PrivacyFloorError, merge_small_clusters
-from fedapp.server_app import server_fn
+from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, PrivacyFloorError, merge_small_clusters
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
 from simulation.runner import build_overrides, execute
 from strategies.ffcm import centres_from_sums

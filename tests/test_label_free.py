@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score
 
-from fedapp.label_free import (
+from fedapp.metrics.label_free import (
     ClusterSums,
     DistanceSums,
     LabelFreeError,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedapp.config import parse_run_config
+from fedapp.config.run import parse_run_config
 from fedapp.datasets.common import DatasetError, long_tail_counts
+from fedapp.datasets.local import local_partition
 from fedapp.datasets.registry import load_dataset
-from fedapp.local_data import local_partition
 
 
 def test_the_profile_falls_geometrically_from_head_to_tail() -> None:

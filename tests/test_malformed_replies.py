@@ -14,7 +14,7 @@ from flwr.server.client_proxy import ClientProxy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedapp.config import parse_run_config
+from fedapp.config.run import parse_run_config
 from fedapp.methods.ccfc import SHAPE_KEYS
 from strategies.ccfc import CCFCStrategy
 from strategies.cefmc import CeFMCHStrategy, CeFMCStrategy
@@ -134,7 +134,7 @@ def gfedntm_vocabulary(tmp_path: Path) -> tuple[Any, int, list[Result]]:
 
 
 def gfedntm_step(tmp_path: Path) -> tuple[Any, int, list[Result]]:
-    from fedapp.torch_glue import FINGERPRINT_KEY, state_arrays, state_schema
+    from fedapp.neural.glue import FINGERPRINT_KEY, state_arrays, state_schema
 
     strategy, _, vocabulary = gfedntm_vocabulary(tmp_path)
     strategy.aggregate_fit(1, vocabulary, [])
@@ -166,7 +166,7 @@ CCFC_KEYS = {
 def _ccfc_replies(strategy: CCFCStrategy, server_round: int, seed: int) -> list[Result]:
     """What `clients/ccfc.py` sends in a pre-training / CCFC round: the moved state dict (same dtypes)
     and, when the round asks for them, k local centroids (float32, k x latent-dim)."""
-    from fedapp.torch_glue import FINGERPRINT_KEY
+    from fedapp.neural.glue import FINGERPRINT_KEY
 
     assert strategy.schema is not None and strategy.global_state is not None
     rng = _rng(seed)
@@ -226,7 +226,7 @@ def fstc_init(tmp_path: Path) -> tuple[Any, int, list[Result]]:
 
 
 def _fstc_train_replies(strategy: FSTCStrategy, server_round: int, seed: int) -> list[Result]:
-    from fedapp.torch_glue import FINGERPRINT_KEY
+    from fedapp.neural.glue import FINGERPRINT_KEY
 
     assert strategy.centres is not None and strategy.initial_model is not None
     rng = _rng(seed)

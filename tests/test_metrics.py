@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score, cohen_kappa_score, normalized_mutual_info_score
 
-from fedapp.metrics import (
+from fedapp.metrics.contingency import (
     MetricsError,
     clustering_metrics,
     contingency_table,

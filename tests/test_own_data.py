@@ -15,8 +15,8 @@ from PIL import Image
 from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score
 
 from fedapp.datasets import load_dataset
-from fedapp.metrics import clustering_metrics, contingency_table
-from fedapp.node_outputs import read_assignments
+from fedapp.metrics.contingency import clustering_metrics, contingency_table
+from fedapp.report.assignments import read_assignments
 from simulation.__main__ import main
 from simulation.predict import predict
 from simulation.runner import build_overrides, execute

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from fedapp.datasets import load_dataset
-from fedapp.node_outputs import read_assignments
+from fedapp.report.assignments import read_assignments
 from simulation.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedapp.partition import SCHEMES, PartitionError, parse_ratio, partition_indices, vertical_view
+from fedapp.datasets.partition import SCHEMES, PartitionError, parse_ratio, partition_indices, vertical_view
 
 SCHEME_KWARGS = {
     "iid": {},

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, parameters_to_ndarrays
 
-import fedapp.inprocess as inprocess
-from fedapp.config import parse_run_config
-from fedapp.label_free import decode_cluster_sums, decode_distance_sums
-from fedapp.local_data import load_run_dataset, local_partition
+import fedapp.app.inprocess as inprocess
+from fedapp.config.run import parse_run_config
+from fedapp.datasets.local import load_run_dataset, local_partition
 from fedapp.methods import METHODS
-from fedapp.metrics import decode_table
-from fedapp.protocol import decode_array
-from fedapp.report import DISTANCES_KEY, REPORT_KEY, SIZES_KEY, STAGE_ASSIGN, SUMS_KEY, TERMS_KEY
+from fedapp.metrics.contingency import decode_table
+from fedapp.metrics.label_free import decode_cluster_sums, decode_distance_sums
+from fedapp.report.stages import DISTANCES_KEY, REPORT_KEY, SIZES_KEY, STAGE_ASSIGN, SUMS_KEY, TERMS_KEY
+from fedapp.wire import decode_array
 from simulation.runner import build_overrides, execute
 
 # A short, cheap run per federated method (add one for every new method: the test fails without it).
@@ -99,7 +99,7 @@ class _Recorder:
 
 def _record_spaces(cfg: Any) -> list[np.ndarray]:
     """Every client's records as vectors: features, or the sentence embeddings of its texts."""
-    from fedapp.text_features import local_embeddings
+    from fedapp.features.texts import local_embeddings
 
     spaces = []
     for pid in range(cfg.num_clients):

@@ -1,4 +1,4 @@
-"""The privacy floor (`fedapp.privacy`) in every method that sends per-cluster statistics: the floor's
+"""The privacy floor (`fedapp.privacy.floor`) in every method that sends per-cluster statistics: the floor's
 value (client default, node, run config), and what each client does with a cluster below it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from torch.nn.functional import normalize
 
 from clients.ccfc import local_centroids
 from clients.ffcm import membership_sums
-from fedapp.fstc_math import aggregate_centres, local_kmeans_summary, withhold_small_clusters
-from fedapp.privacy import (
+from fedapp.maths.fstc import aggregate_centres, local_kmeans_summary, withhold_small_clusters
+from fedapp.privacy.floor import (
     CLIENT_MIN_CLUSTER,
     PrivacyFloorError,
     min_cluster_size,

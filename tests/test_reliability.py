@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-from fedapp.config import parse_run_config
-from fedapp.results import EXIT_CODES, exit_code
-from fedapp.server_loop import FedappServer
+from fedapp.app.server_loop import FedappServer
+from fedapp.config.run import parse_run_config
+from fedapp.report.records import EXIT_CODES, exit_code
 from simulation.runner import build_overrides, execute
 from strategies.ffcm import FFCMStrategy
 from strategies.kfed import KFedStrategy
@@ -210,7 +210,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_result(
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    from fedapp.config import ConfigError
+    from fedapp.config.run import ConfigError
 
     with pytest.raises(ConfigError, match="there is no checkpoint in"):
         _run(tmp_path, method="ffcm", dataset="digits", resume=True)

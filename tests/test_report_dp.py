@@ -15,16 +15,16 @@ from flwr.common import Code, Context, EvaluateRes, RecordDict, Status
 
 import clients.base
 from clients.kfed import KFedClient
-from fedapp.config import parse_run_config
-from fedapp.dp import (
+from fedapp.config.run import parse_run_config
+from fedapp.metrics.label_free import encode_arrays
+from fedapp.privacy.dp import (
     REPORT_RELEASES,
     STATE_KEY,
     PrivacyBudgetError,
     distance_sensitivity,
     sum_count_sensitivity,
 )
-from fedapp.label_free import encode_arrays
-from fedapp.report import NOISY_KEY, STAGE_ASSIGN, STAGE_DISTANCES
+from fedapp.report.stages import NOISY_KEY, STAGE_ASSIGN, STAGE_DISTANCES
 from simulation.runner import build_overrides, execute
 from strategies.kfed import KFedStrategy
 from tests.flower_mocks import mock_proxy

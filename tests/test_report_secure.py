@@ -17,8 +17,9 @@ import pytest
 from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_parameters
 
 from clients.ffcm import FFCMClient
-from fedapp.config import parse_run_config
-from fedapp.label_free import (
+from fedapp.app.server_loop import WIRE_BYTES_FILE
+from fedapp.config.run import parse_run_config
+from fedapp.metrics.label_free import (
     ClusterSums,
     cluster_sums,
     distance_sums,
@@ -27,7 +28,8 @@ from fedapp.label_free import (
     merge_distance_sums,
     pooled_means,
 )
-from fedapp.report import (
+from fedapp.privacy.secagg import CLEAR_KEY, CLIPPED_KEY, SUM, secure_upload, sum_tolerance
+from fedapp.report.stages import (
     DISTANCES_KEY,
     REPORT_KEY,
     ROWS_KEY,
@@ -44,8 +46,6 @@ from fedapp.report import (
     secure_assign_arrays,
     secure_distance_arrays,
 )
-from fedapp.secure_sum import CLEAR_KEY, CLIPPED_KEY, SUM, secure_upload, sum_tolerance
-from fedapp.server_loop import WIRE_BYTES_FILE
 from simulation.runner import build_overrides, execute
 from strategies.ffcm import FFCMStrategy
 from tests.flower_mocks import mock_proxy

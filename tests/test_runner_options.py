@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fedapp.config import ConfigError, parse_run_config
+from fedapp.config.run import ConfigError, parse_run_config
 from fedapp.methods import METHODS
 from fedapp.methods.cefmc import CeFMCConfig
-from fedapp.results import PROGRESS_MARKER
+from fedapp.report.records import PROGRESS_MARKER
 from simulation.listing import describe_methods, render_config_toml
 from simulation.presets import apply_preset, available_presets, load_preset
 from simulation.processes import run_filtered

@@ -21,11 +21,11 @@ import pytest
 from flwr.common import Array, ArrayRecord, Code, FitRes, RecordDict, Status, ndarrays_to_parameters
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
-from fedapp.clustering import centres_from_moments
-from fedapp.config import parse_run_config
-from fedapp.fstc_math import aggregate_centres
-from fedapp.protocol import ArraySpec, ReplyError
-from fedapp.secure_sum import (
+from fedapp.app.server_loop import WIRE_BYTES_FILE, CountingGrid
+from fedapp.config.run import parse_run_config
+from fedapp.maths.clustering import centres_from_moments
+from fedapp.maths.fstc import aggregate_centres
+from fedapp.privacy.secagg import (
     CLEAR,
     CLEAR_KEY,
     CLIPPED_KEY,
@@ -39,7 +39,7 @@ from fedapp.secure_sum import (
     secure_upload,
     sum_tolerance,
 )
-from fedapp.server_loop import WIRE_BYTES_FILE, CountingGrid
+from fedapp.wire import ArraySpec, ReplyError
 from simulation.runner import build_overrides, execute
 from strategies.fstc import FSTCStrategy, centres_from_totals
 from tests.flower_mocks import mock_proxy

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.fstc_math import site_skew
+from fedapp.maths.fstc import site_skew
 from simulation.runner import build_overrides, execute
 
 QUICK = {"fstc.local-iters": 5, "fstc.batch-size": 32, "fstc.warmup-iters": 2, "fstc.label-updates": 1}

@@ -22,9 +22,9 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 import strategies.roster
-from fedapp.config import RunConfig, parse_run_config
-from fedapp.ledger import mapping_nbytes, parameters_nbytes
-from fedapp.metrics import clustering_metrics, encode_table
+from fedapp.config.run import RunConfig, parse_run_config
+from fedapp.metrics.contingency import clustering_metrics, encode_table
+from fedapp.report.ledger import mapping_nbytes, parameters_nbytes
 from strategies.base import MAX_EMPTY_ROUNDS
 from strategies.ffcm import FFCMStrategy
 from strategies.kfed import KFedStrategy

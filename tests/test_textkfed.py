@@ -12,8 +12,8 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.server.client_proxy import ClientProxy
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from fedapp.bow import document_frequencies
-from fedapp.config import parse_run_config
+from fedapp.config.run import parse_run_config
+from fedapp.features.bow import document_frequencies
 from simulation.runner import build_overrides, execute
 from strategies.textkfed import BagOfWordsKFedStrategy, TfIdfKFedStrategy
 from tests.flower_mocks import mock_manager, mock_proxy

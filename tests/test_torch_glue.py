@@ -15,8 +15,7 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from torch import nn
 
-from fedapp.protocol import ArraySpec, ReplyError, check_arrays
-from fedapp.torch_glue import (
+from fedapp.neural.glue import (
     FINGERPRINT_KEY,
     ClientStateError,
     DeviceError,
@@ -37,7 +36,8 @@ from fedapp.torch_glue import (
     state_schema,
     weighted_average,
 )
-from fedapp.training import BatchCursor, TrainingError, batch_gradients, train_steps
+from fedapp.neural.training import BatchCursor, TrainingError, batch_gradients, train_steps
+from fedapp.wire import ArraySpec, ReplyError, check_arrays
 
 torch.set_num_threads(1)
 

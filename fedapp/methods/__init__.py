@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from fedapp.config_keys import ConfigSection
+from fedapp.config.keys import ConfigSection
 from fedapp.methods.bench_echo import EchoConfig
 from fedapp.methods.ccfc import CCFCConfig
 from fedapp.methods.cefmc import CeFMCConfig

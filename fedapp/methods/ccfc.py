@@ -9,7 +9,7 @@ Round schedule (`server-round` r, P = `pretrain-rounds`):
 - r > P + 1, ``cluster``: CCFC proper, Eq. 1-8 (pseudo-labels from the global model and centroids).
 So `num-rounds` = 1 + P + (CCFC rounds): the paper's 100 + 30 is num-rounds = 131.
 
-Under SecAgg+ (run-config `secagg`, `fedapp.secure_sum`) the model (Eq. 8's FedAvg: an n-weighted
+Under SecAgg+ (run-config `secagg`, `fedapp.privacy.secagg`) the model (Eq. 8's FedAvg: an n-weighted
 average) goes through SecAgg+; the local centroids cannot (the server's k-means needs each client's, not
 their sum) and travel in the clear beside it, as do BatchNorm's integer batch counters. The setup round
 carries no arrays and runs as a plain round.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config_keys import ConfigSection, config_key
-from fedapp.secure_sum import CLEAR, model_modes
+from fedapp.config.keys import ConfigSection, config_key
+from fedapp.privacy.secagg import CLEAR, model_modes
 
 BACKBONES = ("auto", "conv", "conv-small", "resnet18")
 
@@ -128,5 +128,5 @@ def phase_of(server_round: int, pretrain_rounds: int) -> str:
 
 
 def secure_modes(model_dtypes: list[str], with_centroids: bool) -> list[str]:
-    """`fedapp.secure_sum` modes of a training reply: the model averaged, local centroids in the clear."""
+    """`fedapp.privacy.secagg` modes of a training reply: the model averaged, local centroids in the clear."""
     return model_modes(model_dtypes) + ([CLEAR] if with_centroids else [])

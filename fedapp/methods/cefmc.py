@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config_keys import ConfigSection, config_key
+from fedapp.config.keys import ConfigSection, config_key
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedapp.config_keys import ConfigSection, config_key
+from fedapp.config.keys import ConfigSection, config_key
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fedapp.config_keys import ConfigError, ConfigSection, config_key
-from fedapp.secure_sum import MEAN, SUM, model_modes
+from fedapp.config.keys import ConfigError, ConfigSection, config_key
+from fedapp.privacy.secagg import MEAN, SUM, model_modes
 
 ENCODER_MODES = ("frozen", "fine-tune")
 INIT_MODES = ("centres", "representations", "moments")
@@ -47,7 +47,7 @@ FINAL_KEY = "final"  # fit config: True in the last round, where clients also se
 CENTRES_KEY = "with-centres"  # fit config: the parameters start with the global centres C̃ (K x D)
 MODEL_KEY = "with-model"  # fit config: the initial model follows in the parameters (first round of a client)
 INIT_KEY = "init"  # fit config of round 1: the initialisation the server asks for (moments under SecAgg+)
-SECAGG_KEY = "secagg"  # fit config: True when the reply goes through SecAgg+ (`fedapp.secure_sum`)
+SECAGG_KEY = "secagg"  # fit config: True when the reply goes through SecAgg+ (`fedapp.privacy.secagg`)
 MOMENT_MODES = (MEAN, MEAN)  # round 1 under SecAgg+: mean and mean square, each an n-weighted average
 
 
@@ -156,7 +156,7 @@ class FSTCConfig(ConfigSection):
     @property
     def dp_model_release(self) -> bool:
         """Under DP, whether the last round releases the trained model (`dp-labels = model`); the
-        accountant's plan (`fedapp.dp.planned_releases`) has one release more then."""
+        accountant's plan (`fedapp.privacy.dp.planned_releases`) has one release more then."""
         return self.dp_labels == DP_LABELS_MODEL
 
     def __post_init__(self) -> None:

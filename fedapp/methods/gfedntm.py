@@ -1,6 +1,6 @@
 """gFedNTM (Calvo-Bartolomé & Arenas-García 2023): its keys and what its client and strategy share.
 
-Imported by the method registry, so it imports no torch (the model builder lives in `fedapp.ntm`).
+Imported by the method registry, so it imports no torch (the model builder lives in `fedapp.maths.gfedntm`).
 
 Protocol (`phase` in every FitIns config):
 - `vocabulary` (round 1): the client sends its terms and their document frequencies (`DocumentFrequencies`
@@ -13,7 +13,7 @@ Protocol (`phase` in every FitIns config):
 - evaluation (`phase = cooccurrence`): the server sends the top words of every topic; the client returns
   per-topic document co-occurrence counts of those words (for NPMI), never a document.
 
-Under SecAgg+ (run-config `secagg`, `fedapp.secure_sum`) the vocabulary takes two rounds: `terms` (in
+Under SecAgg+ (run-config `secagg`, `fedapp.privacy.secagg`) the vocabulary takes two rounds: `terms` (in
 the clear, not a sum: which terms occur at the client, no counts) and `vocabulary` (the server sends the
 union; the client's document frequencies over it, divided by n, go through SecAgg+, so the server learns
 only their totals). Training replies (gradients or parameters, float buffers) are n-weighted averages
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config_keys import ConfigError, ConfigSection, config_key
+from fedapp.config.keys import ConfigError, ConfigSection, config_key
 
 PHASE_TERMS = "terms"  # under SecAgg+ only: the term lists, before their frequencies go through SecAgg+
 PHASE_VOCABULARY = "vocabulary"

@@ -2,7 +2,7 @@
 `[tool.flwr.app.config.textkfed]` and what their clients and strategies share.
 
 FBOW / FTF-IDF (`fbow`, `ftfidf`) need a vocabulary that every client uses, built without any text
-leaving a client: round 1 each client sends its term document frequencies (`fedapp.bow`), the server
+leaving a client: round 1 each client sends its term document frequencies (`fedapp.features.bow`), the server
 sums them and keeps the `vocab-size` most frequent terms that occur in at least `min-df` documents
 (plus their idf for TF-IDF); round 2 each client sends k-FED's local k-means centres of its count or
 TF-IDF rows, and the server clusters them. FSBERT-kFED (`fsbert-kfed`) is k-FED on the sentence
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config_keys import ConfigSection, config_key
+from fedapp.config.keys import ConfigSection, config_key
 
 PHASE_VOCABULARY = "vocabulary"
 PHASE_CENTRES = "local-centres"

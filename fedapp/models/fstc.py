@@ -160,7 +160,7 @@ def fstc_model(
             head_hidden=params.head_hidden,
             dropout=params.dropout,
         )
-    from fedapp.embeddings import load_sentence_model, resolve_device
+    from fedapp.features.embeddings import load_sentence_model, resolve_device
 
     sentence_model = load_sentence_model(embedding_model, resolve_device(device), params.max_length)
     encoder = SentenceEncoder(sentence_model)

@@ -24,7 +24,7 @@ from sklearn.manifold import TSNE
 from sklearn.neighbors import NearestNeighbors
 
 from clients.ccfc import encode
-from fedapp.config import parse_run_config
+from fedapp.config.run import parse_run_config
 from fedapp.datasets import Dataset, load_dataset, resolve_data_dir
 from fedapp.methods.ccfc import CCFCConfig
 from fedapp.models.ccfc import build_model

@@ -16,7 +16,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from fedapp.datasets import load_dataset, resolve_data_dir
-from fedapp.metrics import clustering_metrics, contingency_table
+from fedapp.metrics.contingency import clustering_metrics, contingency_table
 from simulation.cefmc.reference import run_reference
 
 

@@ -19,8 +19,8 @@ from sklearn.cluster import KMeans
 
 from clients import cefmc as cefmc_client
 from clients import fedcmv as fedcmv_client
+from fedapp.datasets.preprocessing import scale_view
 from fedapp.methods.fedcmv import choose_initial_samples
-from fedapp.preprocessing import scale_view
 from strategies import cefmc as cefmc_server
 from strategies import fedcmv as fedcmv_server
 from strategies.vertical import has_converged

@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch.nn.functional import cross_entropy
 
-from fedapp.clustering import kmeans
 from fedapp.datasets.registry import load_dataset
-from fedapp.fstc_math import pseudo_labels
-from fedapp.losses import info_nce_loss
-from fedapp.metrics import clustering_metrics, contingency_table
+from fedapp.features.texts import dataset_augmented_embeddings, dataset_embeddings
+from fedapp.maths.clustering import kmeans
+from fedapp.maths.fstc import pseudo_labels
+from fedapp.maths.losses import info_nce_loss
+from fedapp.metrics.contingency import clustering_metrics, contingency_table
 from fedapp.models.fstc import ResidualAdapter
-from fedapp.text_features import dataset_augmented_embeddings, dataset_embeddings
 
 MODEL = "all-MiniLM-L6-v2"
 MAX_LENGTH = 32

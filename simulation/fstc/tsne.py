@@ -19,18 +19,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedapp.bow import count_matrix, document_frequencies, idf_weights, select_vocabulary, tfidf_matrix
-from fedapp.client_app import client_fn
-from fedapp.config import parse_run_config
-from fedapp.inprocess import run_inprocess
-from fedapp.local_data import load_run_dataset
+from fedapp.app.client_app import client_fn
+from fedapp.app.inprocess import run_inprocess
+from fedapp.app.server_app import server_fn
+from fedapp.config.run import parse_run_config
+from fedapp.datasets.local import load_run_dataset
+from fedapp.features.bow import (
+    count_matrix,
+    document_frequencies,
+    idf_weights,
+    select_vocabulary,
+    tfidf_matrix,
+)
+from fedapp.features.texts import dataset_embeddings
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fsccl import SCCLModel
 from fedapp.models.fstc import fstc_model
-from fedapp.server_app import server_fn
-from fedapp.text_features import dataset_embeddings
-from fedapp.torch_glue import load_state_arrays
+from fedapp.neural.glue import load_state_arrays
 from simulation.presets import apply_preset, available_presets
 from simulation.runner import build_overrides, flower_log_to_file
 

@@ -26,14 +26,14 @@ import numpy as np
 import scipy.sparse
 import torch
 
-from fedapp.bow import count_matrix
-from fedapp.config import parse_run_config
+from fedapp.config.run import parse_run_config
 from fedapp.datasets import load_dataset, resolve_data_dir
-from fedapp.embeddings import embed_texts
+from fedapp.datasets.partition import partition_indices
+from fedapp.features.bow import count_matrix
+from fedapp.features.embeddings import embed_texts
+from fedapp.maths.gfedntm import Corpus, build_model, fit_centralized, make_optimizer, top_words
 from fedapp.methods.gfedntm import DIVERSITY_TOP_WORDS, NPMI_TOP_WORDS, GFedNTMConfig
-from fedapp.ntm import Corpus, build_model, fit_centralized, make_optimizer, top_words
-from fedapp.partition import partition_indices
-from fedapp.topic_metrics import average_minimum_wmd, npmi_from_cooccurrence, topic_diversity
+from fedapp.metrics.topics import average_minimum_wmd, npmi_from_cooccurrence, topic_diversity
 from simulation.runner import build_overrides, execute
 
 DATASET = "20news-families"

@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedapp.config import parse_run_config
+from fedapp.config.run import parse_run_config
 from fedapp.datasets import load_dataset
+from fedapp.datasets.local import client_seed
+from fedapp.datasets.partition import partition_indices
 from fedapp.datasets.synthetic import SyntheticLDA, synthetic_truth
-from fedapp.local_data import client_seed
-from fedapp.methods.gfedntm import GFedNTMConfig
-from fedapp.ntm import (
+from fedapp.maths.gfedntm import (
     Corpus,
     EpochSplit,
     build_model,
@@ -47,14 +47,14 @@ from fedapp.ntm import (
     steps_per_epoch,
     union_batch_step,
 )
-from fedapp.partition import partition_indices
-from fedapp.topic_metrics import (
+from fedapp.methods.gfedntm import GFedNTMConfig
+from fedapp.metrics.topics import (
     document_similarity_score,
     reference_double_softmax,
     to_full_vocabulary,
     topic_similarity_score,
 )
-from fedapp.torch_glue import Rngs
+from fedapp.neural.glue import Rngs
 from simulation.presets import load_preset
 from simulation.runner import build_overrides, execute
 

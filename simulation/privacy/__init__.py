@@ -1,1 +1,1 @@
-"""Privacy-utility experiments: FFCM and k-FED under differential privacy (`fedapp.dp`)."""
+"""Privacy-utility experiments: FFCM and k-FED under differential privacy (`fedapp.privacy.dp`)."""

@@ -1,0 +1,133 @@
+"""Checks that need the data, run before any Flower process starts (the runner and the deploy script).
+
+`parse_run_config` checks keys alone; this module checks the run they describe: the dataset's files load
+and parse, the partition exists for this many clients, every client holds at least k samples, and the
+output directory is writable. Each failure is one line naming the input and what to change, in seconds,
+instead of a Ray start-up and thousands of log lines later (or a client error repeated every round).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from fedapp.app.checkpoint import checkpoint_dir
+from fedapp.config.run import ConfigError, RunConfig
+from fedapp.datasets import Dataset, DatasetError, has_placeholder, is_source_spec
+from fedapp.datasets.local import load_run_dataset, views_of
+from fedapp.datasets.partition import partition_indices
+from fedapp.methods import method_spec
+
+
+def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
+    """Raise ConfigError / DatasetError / PartitionError for a run that cannot work as configured.
+
+    `create=False` (a dry run) checks that the output directory could be made without making it."""
+    if num_clients < 1:
+        raise ConfigError(
+            f"the simulation needs at least 1 client, got {num_clients} (num-clients = 0, 'every connected "
+            "SuperNode', only means something in a deployment)"
+        )
+    check_out_dir(Path(cfg.out_dir), create=create)
+    if cfg.checkpoint_every or cfg.resume:
+        checkpoints = checkpoint_dir(cfg, Path(cfg.out_dir))
+        if checkpoints.exists() and not checkpoints.is_dir():
+            raise ConfigError(f"checkpoint-dir {checkpoints} is a file, not a folder")
+        check_out_dir(checkpoints, create=False)
+    if cfg.resume and not (checkpoint_dir(cfg, Path(cfg.out_dir)) / "latest.json").is_file():
+        raise ConfigError(
+            f"resume=true but there is no checkpoint in {checkpoint_dir(cfg, Path(cfg.out_dir))} "
+            "(the first run needs checkpoint-every > 0)"
+        )
+    if is_source_spec(cfg.dataset) and has_placeholder(cfg.dataset):
+        check_own_files(cfg, num_clients)
+        return
+    data = load_run_dataset(cfg)  # reads and parses every file: a corrupt one fails here
+    if not cfg.k and not method_spec(cfg.method).own_k and not data.labelled:
+        raise ConfigError(f"dataset '{cfg.dataset}' has no labels, so k cannot default to the classes: set k")
+    k = cfg.k or data.n_classes
+    if method_spec(cfg.method).vertical:
+        n_views = len(views_of(data))
+        if num_clients != n_views:
+            raise ConfigError(
+                f"vertical method '{cfg.method}' needs one client per view: dataset '{cfg.dataset}' has "
+                f"{n_views} views, num-clients={num_clients}"
+            )
+        if data.n_samples < k:
+            raise ConfigError(f"k={k} clusters but dataset '{cfg.dataset}' has only {data.n_samples} samples")
+        return
+    if not method_spec(cfg.method).federated:
+        return
+    parts = partition_indices(
+        data.y, num_clients, cfg.partition, seed=cfg.seed, p=cfg.p, ratio=cfg.ratio, alpha=cfg.alpha
+    )
+    sizes = [len(part) for part in parts]
+    smallest = min(range(num_clients), key=sizes.__getitem__)
+    if sizes[smallest] < k:
+        raise ConfigError(
+            f"k={k} clusters but client {smallest} holds only {sizes[smallest]} samples under partition "
+            f"'{cfg.partition}' with {num_clients} clients (sizes {min(sizes)}..{max(sizes)}): use fewer "
+            "clients, a smaller k, or another partition"
+        )
+
+
+def check_own_files(cfg: RunConfig, num_clients: int) -> None:
+    """One file per client (`{partition-id}`): each reads, fits the method, holds k records, and every
+    client's vectors have the same width. Errors name the client (and, from the reader, file/row/column)."""
+    files: list[Dataset] = []
+    for partition_id in range(num_clients):
+        try:
+            files.append(load_run_dataset(cfg, partition_id))
+        except DatasetError as exc:
+            raise DatasetError(f"client {partition_id}: {exc}") from None
+    vertical = method_spec(cfg.method).vertical
+    labelled = [data.labelled for data in files]
+    if not cfg.k and not method_spec(cfg.method).own_k and not all(labelled):
+        unlabelled = [i for i, has in enumerate(labelled) if not has]
+        raise ConfigError(f"client(s) {unlabelled} have no labels, so k cannot default to the classes: set k")
+    k = cfg.k or max(data.n_classes for data in files)
+    for partition_id, data in enumerate(files):
+        if data.n_samples < k:
+            raise ConfigError(
+                f"client {partition_id}: {data.name} holds {data.n_samples} records, "
+                f"fewer than k={k} clusters"
+            )
+        if vertical and data.ids is None:
+            raise ConfigError(
+                f"client {partition_id}: {data.name}: vertical parties align by id: set id-column"
+            )
+    if vertical:
+        return
+    widths = {
+        i: data.image_shape or data.features.shape[1]
+        for i, data in enumerate(files)
+        if data.images is not None or data.vectors is not None
+    }
+    if len(set(widths.values())) > 1:
+        first = min(widths)
+        odd = next(i for i, width in widths.items() if width != widths[first])
+        raise DatasetError(
+            f"client {odd}: {files[odd].name} has shape {widths[odd]} per record, client "
+            f"{first}'s file {widths[first]}: every node needs the same feature columns / image size"
+        )
+
+
+def check_out_dir(out_dir: Path, *, create: bool = True) -> None:
+    """The output directory exists (or can be made) and accepts a file; `create=False`: the nearest
+    existing folder on its path is a writable directory (nothing is made)."""
+    if not create:
+        existing = out_dir.absolute()
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"output directory {out_dir} cannot be made: {existing} is not a writable folder"
+            )
+        return
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"output directory {out_dir} is not writable: {exc.strerror or exc}") from None

@@ -1,0 +1,457 @@
+"""Flower's legacy server loop, ended honestly.
+
+Flower's `Server.fit` runs every configured round even after a method has stopped, and never tells the
+strategy how the run ended, so a crash mid-run left a summary that looked finished. `FedappServer` runs
+the same rounds (`fit_round`, `evaluate_round`), stops as soon as the strategy is done, and always calls
+`strategy.finalize(...)` — with the failure when an exception ends the run — so summary.json carries an
+honest `status`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import timeit
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from logging import INFO
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import flwr.compat.common.recorddict_compat as compat
+from flwr.common import (
+    Code,
+    ConfigRecord,
+    Context,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Message,
+    MessageType,
+    Parameters,
+    log,
+)
+from flwr.common.serde import recorddict_to_proto
+from flwr.server import Server, ServerConfig
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.compat import LegacyContext
+from flwr.server.compat.app_utils import start_update_client_manager_thread
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.server.history import History
+from flwr.server.server import evaluate_clients, fit_clients
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+from flwr.server.workflow.default_workflows import default_init_params_workflow
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+from fedapp.config.run import RunConfig
+from fedapp.report.stages import SECURE_DONE, SECURE_RETRY, STAGES
+
+REPORT_GROUP = 0  # message group id of the final report (Flower's rounds start at 1)
+
+
+@runtime_checkable
+class FinalizingStrategy(Protocol):
+    """What the loop needs from a strategy beyond Flower's `Strategy` interface."""
+
+    @property
+    def done(self) -> bool:
+        """True once the method has stopped and its final evaluation is recorded."""
+        ...
+
+    def finalize(self, failure: str | None = None) -> None:
+        """Record how the run ended (`failure`: why it broke off) and write the final outputs."""
+        ...
+
+    def round_done(self, server_round: int) -> None:
+        """A round (fit and evaluation) is over: the moment to checkpoint."""
+        ...
+
+    def configure_report(
+        self, stage: str, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """The final report's instructions for `stage` ([] : nothing to do)."""
+        ...
+
+    def aggregate_report(
+        self, stage: str, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[BaseException]
+    ) -> bool:
+        """Take a report stage's replies; False: the report cannot go on."""
+        ...
+
+    def resume_point(self) -> tuple[int, Parameters | None]:
+        """(rounds already done, global model) to continue from; (0, None) for a fresh run."""
+        ...
+
+
+class FedappServer(Server):
+    """`Server` whose `fit` stops when the strategy is done and reports the end of the run to it, and
+    whose rounds exchange their messages in one batch when the clients live behind a Grid."""
+
+    def fit_round(self, server_round: int, timeout: float | None):  # type: ignore[no-untyped-def]
+        instructions = self.strategy.configure_fit(
+            server_round=server_round, parameters=self.parameters, client_manager=self._client_manager
+        )
+        if not instructions:
+            return None
+        if _on_grid(instructions):
+            results, failures = exchange(instructions, server_round, timeout)
+        else:  # in-process proxies: Flower's threaded calls
+            results, failures = fit_clients(instructions, self.max_workers, timeout, server_round)
+        parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)  # type: ignore[arg-type]
+        return parameters, metrics, (results, failures)
+
+    def evaluate_round(self, server_round: int, timeout: float | None):  # type: ignore[no-untyped-def]
+        instructions = self.strategy.configure_evaluate(
+            server_round=server_round, parameters=self.parameters, client_manager=self._client_manager
+        )
+        if not instructions:
+            return None
+        if _on_grid(instructions):
+            results, failures = exchange(instructions, server_round, timeout)
+        else:
+            results, failures = evaluate_clients(instructions, self.max_workers, timeout, server_round)
+        loss, metrics = self.strategy.aggregate_evaluate(server_round, results, failures)  # type: ignore[arg-type]
+        return loss, metrics, (results, failures)
+
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        strategy = self.strategy
+        if not isinstance(strategy, FinalizingStrategy):
+            raise TypeError(f"{type(strategy).__name__} lacks `done` and `finalize` (see FinalizingStrategy)")
+        history = History()
+        start = timeit.default_timer()
+        try:
+            done, parameters = strategy.resume_point()
+            if parameters is None:
+                parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
+            self.parameters = parameters
+            for server_round in range(done + 1, num_rounds + 1):
+                fitted = self.fit_round(server_round=server_round, timeout=timeout)
+                if fitted is not None:
+                    parameters, fit_metrics, _ = fitted
+                    if parameters:
+                        self.parameters = parameters
+                    history.add_metrics_distributed_fit(server_round=server_round, metrics=fit_metrics)
+                evaluated = self.evaluate_round(server_round=server_round, timeout=timeout)
+                if evaluated is not None and evaluated[0] is not None:
+                    history.add_loss_distributed(server_round=server_round, loss=evaluated[0])
+                    history.add_metrics_distributed(server_round=server_round, metrics=evaluated[1])
+                strategy.round_done(server_round)
+                if strategy.done:
+                    log(INFO, "the strategy is done after round %d of %d", server_round, num_rounds)
+                    break
+            run_report(strategy, self._client_manager, timeout, self.max_workers)
+        except BaseException as exc:  # KeyboardInterrupt and SystemExit too: the summary must say so
+            strategy.finalize(failure=f"{type(exc).__name__}: {exc}")
+            raise
+        strategy.finalize()
+        return history, timeit.default_timer() - start
+
+
+def run_report(
+    strategy: FinalizingStrategy,
+    client_manager: ClientManager,
+    timeout: float | None,
+    max_workers: int | None,
+) -> None:
+    """The final report (`fedapp.report.stages`): each stage's messages out, replies to the strategy."""
+    for stage in STAGES:
+        instructions = strategy.configure_report(stage, client_manager)
+        if not instructions:
+            return
+        if _on_grid(instructions):
+            results, failures = exchange(instructions, REPORT_GROUP, timeout)
+        else:
+            results, failures = evaluate_clients(instructions, max_workers, timeout, REPORT_GROUP)  # type: ignore[arg-type]
+        if not strategy.aggregate_report(stage, results, failures):  # type: ignore[arg-type]
+            return
+
+
+_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]*\.)?(\w+)'>:<['\"](.*)['\"]>$", re.DOTALL)
+
+
+def readable_reason(reason: str) -> str:
+    """Flower's "<class 'pkg.mod.Error'>:<'message'>" as "Error: message" (anything else unchanged)."""
+    match = _FLOWER_REASON.match(reason.strip())
+    return f"{match.group(1)}: {match.group(2)}" if match else reason
+
+
+def _on_grid(instructions: Sequence[tuple[ClientProxy, object]]) -> bool:
+    """True when every client is reached through one Flower Grid (simulation or deployment)."""
+    grids = {id(getattr(proxy, "grid", None)) for proxy, _ in instructions}
+    return all(isinstance(proxy, GridClientProxy) for proxy, _ in instructions) and len(grids) == 1
+
+
+def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfig, cfg: RunConfig) -> None:
+    """The same rounds with every fit aggregated by Flower's SecAgg+ (run-config `secagg`).
+
+    Flower's SecAgg+ workflow masks each client's upload so that the server learns only the weighted
+    average of all of them; it then hands the strategy that average in place of every reply. The loop
+    around it is DefaultWorkflow's, plus what `FedappServer` adds: resume, checkpoints, an early stop and
+    an honest end of the run.
+    """
+    strategy = server.strategy
+    if not isinstance(strategy, FinalizingStrategy):
+        raise TypeError(f"{type(strategy).__name__} lacks `done` and `finalize` (see FinalizingStrategy)")
+    legacy = LegacyContext(context, config=config, strategy=strategy, client_manager=server.client_manager())
+    fit = secure_workflow(cfg, config.round_timeout)
+    thread, stop, registered = start_update_client_manager_thread(grid, legacy.client_manager)
+    registered.wait()
+    try:
+        done, parameters = strategy.resume_point()
+        if parameters is None:
+            default_init_params_workflow(grid, legacy)
+        else:
+            legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
+                parameters, True
+            )
+        round_config = ConfigRecord({Key.START_TIME: timeit.default_timer()})
+        legacy.state.config_records[MAIN_CONFIGS_RECORD] = round_config
+        for server_round in range(done + 1, config.num_rounds + 1):
+            round_config[Key.CURRENT_ROUND] = server_round
+            if getattr(strategy, "secure_round", lambda _: True)(server_round):
+                fit(grid, legacy)
+            else:  # a message that is not a sum (e.g. gFedNTM's term lists): the plain exchange
+                plain_fit(legacy, server_round, config.round_timeout)
+            # evaluation is not SecAgg+'s: our batched exchange, where a client's error is a failure
+            # (Flower's default evaluate workflow stops the run on the first error reply)
+            server.parameters = compat.arrayrecord_to_parameters(
+                legacy.state.array_records[MAIN_PARAMS_RECORD], True
+            )
+            server.evaluate_round(server_round, config.round_timeout)
+            strategy.round_done(server_round)
+            if strategy.done:
+                break
+        run_secure_report(grid, legacy, cfg, config.round_timeout)
+    except BaseException as exc:
+        strategy.finalize(failure=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        stop.set()
+        thread.join()
+    strategy.finalize()
+
+
+SECURE_REPORT_TRIES = 4  # SecAgg+ attempts per report stage; each after clipping divides the scale by 16
+SECURE_REPORT_SHRINK = 16.0
+
+
+class SecureReportStage:
+    """One report stage in the shape SecAggPlusWorkflow drives (`configure_fit` / `aggregate_fit`), so
+    Flower's SecAgg+ aggregates the report's statistics as it does a training round
+    (`fedapp.report.stages`)."""
+
+    def __init__(self, strategy: FinalizingStrategy, stage: str, scale: float, last_try: bool) -> None:
+        self.strategy, self.stage, self.scale, self.last_try = strategy, stage, scale, last_try
+        self.outcome: str | None = None  # None: SecAgg+ never got to aggregate (too few clients, a failure)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        return self.strategy.configure_secure_report(self.stage, client_manager, self.scale)  # type: ignore[attr-defined]
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[None, dict]:
+        self.outcome = self.strategy.aggregate_secure_report(  # type: ignore[attr-defined]
+            self.stage, results, failures, self.scale, self.last_try
+        )
+        return None, {}  # the global model stays as it is
+
+
+def run_secure_report(grid: Grid, legacy: LegacyContext, cfg: RunConfig, timeout: float | None) -> None:
+    """The final report with its statistics aggregated by SecAgg+ (each stage a secure fit round,
+    message group `REPORT_GROUP`): the server learns the totals, not a client's sizes or sums. A stage
+    whose values SecAgg+ would clip is asked again with the sums scaled down (a public factor)."""
+    round_config = legacy.state.config_records[MAIN_CONFIGS_RECORD]
+    round_config[Key.CURRENT_ROUND] = REPORT_GROUP
+    for stage in STAGES:
+        scale = 1.0
+        for attempt in range(SECURE_REPORT_TRIES):
+            adapter = SecureReportStage(legacy.strategy, stage, scale, attempt == SECURE_REPORT_TRIES - 1)  # type: ignore[arg-type]
+            context = LegacyContext(
+                legacy, config=legacy.config, strategy=adapter, client_manager=legacy.client_manager
+            )  # type: ignore[arg-type]
+            secure_workflow(cfg, timeout)(grid, context)
+            if adapter.outcome != SECURE_RETRY:
+                break
+            scale /= SECURE_REPORT_SHRINK
+        if adapter.outcome != SECURE_DONE:
+            if adapter.outcome is None:
+                log(INFO, "final report (%s): nothing aggregated (run stopped, or under 2 clients)", stage)
+            return
+
+
+def secure_workflow(cfg: RunConfig, timeout: float | None) -> SecAggPlusWorkflow:
+    """Flower's SecAgg+ with this project's settings (`secagg-clip`, `secagg-max-weight`)."""
+    return SecAggPlusWorkflow(
+        num_shares=1.0,  # every sampled client holds a share of every other's mask
+        reconstruction_threshold=0.5,  # masks of clients lost mid-protocol are recovered from half the shares
+        clipping_range=cfg.secagg_clip,
+        max_weight=cfg.secagg_max_weight,
+        timeout=timeout,
+    )
+
+
+def plain_fit(legacy: LegacyContext, server_round: int, timeout: float | None) -> None:
+    """One fit round without SecAgg+ inside a secure run, for a strategy whose `secure_round` says its
+    message cannot be a sum; the global parameters live in the workflow's state, as SecAgg+'s do."""
+    strategy = legacy.strategy
+    parameters = compat.arrayrecord_to_parameters(legacy.state.array_records[MAIN_PARAMS_RECORD], True)
+    instructions = strategy.configure_fit(server_round, parameters, legacy.client_manager)
+    if not instructions:
+        return
+    results, failures = exchange(instructions, server_round, timeout)
+    aggregated, _ = strategy.aggregate_fit(server_round, results, failures)  # type: ignore[arg-type]
+    if aggregated is not None:
+        legacy.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(aggregated, True)
+
+
+# ------------------------------------------------------------------------------------ batched exchange
+MIN_PULL_INTERVAL_S = 0.002  # shortest wait between pulls (the first ones after a push)
+MAX_PULL_INTERVAL_S = 0.1  # longest wait between pulls, however long clients compute
+PULL_INTERVAL_FRACTION = 0.05  # re-poll after 5 % of the time waited so far: late replies cost <= 5 %
+
+
+def exchange(
+    instructions: Sequence[tuple[ClientProxy, FitIns | EvaluateIns]],
+    server_round: int,
+    timeout: float | None,
+) -> tuple[list[tuple[ClientProxy, FitRes | EvaluateRes]], list[BaseException]]:
+    """Send a round's instructions to their SuperNodes at once and collect the replies.
+
+    Flower's legacy proxies send one message per client thread and poll the SuperLink every 3 s in a
+    deployment, which sets a floor of seconds per exchange. Here all messages go out in one push and the
+    replies are pulled together, re-polling after 5 % of the time waited so far (2 ms to 100 ms), so a
+    reply is picked up at most 5 % later than it arrived (a fixed doubling backoff lost up to 100 ms per
+    exchange, a third of a CeFMC round in simulation). A reply that carries an error,
+    or none before `timeout`, is a failure (and the strategy stops asking that client).
+    """
+    proxies = [proxy for proxy, _ in instructions]
+    grid: Grid = proxies[0].grid  # type: ignore[attr-defined]
+    messages = []
+    for proxy, ins in instructions:
+        if isinstance(ins, FitIns):
+            content, kind = compat.fitins_to_recorddict(ins, True), MessageType.TRAIN
+        else:
+            content, kind = compat.evaluateins_to_recorddict(ins, True), MessageType.EVALUATE
+        messages.append(
+            Message(
+                content=content,
+                dst_node_id=proxy.node_id,  # type: ignore[attr-defined]
+                message_type=kind,
+                group_id=str(server_round),
+                ttl=timeout,
+            )
+        )
+    ids = list(grid.push_messages(messages))
+    proxy_of = dict(zip(ids, proxies, strict=True))
+    pending, replies = set(ids), {}
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    while pending and (deadline is None or time.monotonic() < deadline):
+        for reply in grid.pull_messages(pending):
+            message_id = reply.metadata.reply_to_message_id
+            if message_id in pending:
+                pending.discard(message_id)
+                replies[message_id] = reply
+        if pending:
+            waited = time.monotonic() - started
+            time.sleep(min(max(PULL_INTERVAL_FRACTION * waited, MIN_PULL_INTERVAL_S), MAX_PULL_INTERVAL_S))
+    results: list[tuple[ClientProxy, FitRes | EvaluateRes]] = []
+    failures: list[BaseException] = [TimeoutError(f"no reply within {timeout} s") for _ in pending]
+    for message_id, reply in replies.items():
+        if reply.has_error():
+            cid = proxy_of[message_id].cid
+            failures.append(RuntimeError(f"client {cid} error: {readable_reason(reply.error.reason)}"))
+            continue
+        res = (
+            compat.recorddict_to_fitres(reply.content, False)
+            if reply.metadata.message_type == MessageType.TRAIN
+            else compat.recorddict_to_evaluateres(reply.content)
+        )
+        if res.status.code == Code.OK:
+            results.append((proxy_of[message_id], res))
+        else:
+            failures.append(RuntimeError(f"client status {res.status.code.name}: {res.status.message}"))
+    return results, failures
+
+
+# ------------------------------------------------------------------------------------------- wire bytes
+WIRE_BYTES_FILE = "wire_bytes.json"
+
+
+class CountingGrid(Grid):
+    """A Grid that counts the serialised bytes of every message it carries, per round and message type.
+
+    The strategies' ledger counts the arrays they send and receive; under SecAgg+ the real traffic is
+    different (key set-up, shares, masked integer vectors), so both runs are measured here the same way:
+    the protobuf size of each message's content, as the SuperLink stores it.
+    """
+
+    def __init__(self, inner: Grid) -> None:
+        self.inner = inner
+        self.down: Counter[tuple[str, str]] = Counter()  # (group id, message type) -> bytes to clients
+        self.up: Counter[tuple[str, str]] = Counter()
+        self.messages: Counter[tuple[str, str]] = Counter()  # messages sent
+
+    def set_run(self, run: Run) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.inner.run
+
+    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
+        return self.inner.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.inner.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = self._count(self.down, messages, sent=True)
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._count(self.up, self.inner.pull_messages(message_ids))
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        messages = self._count(self.down, messages, sent=True)
+        return self._count(self.up, self.inner.send_and_receive(messages, timeout=timeout))
+
+    def _count(
+        self, counter: Counter[tuple[str, str]], messages: Iterable[Message], sent: bool = False
+    ) -> list[Message]:
+        messages = list(messages)
+        for message in messages:
+            key = (message.metadata.group_id, message.metadata.message_type)
+            if message.has_content():  # an error reply carries none
+                counter[key] += recorddict_to_proto(message.content).ByteSize()
+            if sent:
+                self.messages[key] += 1
+        return messages
+
+    def per_round(self) -> dict[str, dict[str, dict[str, int]]]:
+        """{round: {message type: {"up": bytes, "down": bytes, "messages": n}}} (round "0": the report)."""
+        table: dict[str, dict[str, dict[str, int]]] = {}
+        for key in sorted(set(self.down) | set(self.up)):
+            group, kind = key
+            table.setdefault(group, {})[kind] = {
+                "up": self.up[key],
+                "down": self.down[key],
+                "messages": self.messages[key],
+            }
+        return dict(sorted(table.items(), key=lambda item: int(item[0]) if item[0].isdigit() else -1))
+
+    def write(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / WIRE_BYTES_FILE).write_text(json.dumps(self.per_round(), indent=1))

@@ -1,0 +1,2 @@
+"""Torch plumbing of the neural methods: weights <-> arrays, device, seeding, client state, the training
+loop."""

@@ -1,0 +1,2 @@
+"""Privacy around every method: the privacy floor, differential privacy, SecAgg+ encoding and vertical id
+alignment."""

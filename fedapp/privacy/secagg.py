@@ -1,0 +1,130 @@
+"""What a reply looks like under Flower's SecAgg+ (run-config `secagg`), for client and strategy alike.
+
+SecAgg+ hands the server one thing per round: the n-weighted average sum_i n_i x_i / sum_i n_i of the
+clients' masked arrays (x_i quantised after clipping to +-`secagg-clip`). Each array of a method's plain
+reply is one of three kinds:
+
+- SUM (per-cluster sums, counts, document frequencies): the client sends x / n, so the secure average
+  times N = sum_i n_i is sum_i x_i; the values sent are per-sample means, bounded by the data's range.
+- MEAN (model weights, gradients, BatchNorm statistics): already an n-weighted average; sent as is.
+- CLEAR: what is not a sum travels in the clear in the reply's metrics (`CLEAR_KEY`): integer counters
+  (BatchNorm's `num_batches_tracked`, which clipping would destroy) and messages that are not sums by
+  nature (CCFC's local centroids). A method's docs say which of its arrays these are.
+
+`secure_upload` is the client's side; `plain_replies` turns the one secure average back into per-reply
+arrays that the method's plain aggregation maps to the same result (sum -> avg * n_i, mean -> avg, clear
+-> the client's own), so a strategy keeps one aggregation path for both runs.
+
+Quantisation error (flwr's `quantization_range` 2**22, weights n / `secagg-max-weight` quantised alike):
+a SUM total is off by about sqrt(m) * clip * max_weight / 2**22 (m clients), a MEAN by that over N.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import numpy as np
+
+from fedapp.wire import ArraySpec, ReplyError
+
+SUM, MEAN, CLEAR = "sum", "mean", "clear"
+MODES = (SUM, MEAN, CLEAR)
+CLEAR_KEY = "secagg-clear"  # metrics: the reply's CLEAR arrays, `np.savez` bytes
+CLIPPED_KEY = "secagg-clipped"  # metrics: how many uploaded values SecAgg+ will clip (should be 0)
+SECAGG_QUANTISATION_RANGE = 1 << 22  # flwr's SecAggPlusWorkflow default, which server_loop keeps
+
+
+def model_modes(arrays: Sequence[np.ndarray] | Sequence[str]) -> list[str]:
+    """Modes of a model's state: float tensors are averaged securely, integer counters go in the clear.
+
+    Takes arrays or dtype names (a `StateSchema`'s)."""
+    kinds = [np.dtype(a if isinstance(a, str) else a.dtype).kind for a in arrays]
+    return [CLEAR if kind in "iub" else MEAN for kind in kinds]
+
+
+def encode_clear(arrays: Sequence[np.ndarray]) -> bytes:
+    """CLEAR arrays as one metrics value (`np.savez`, no pickle)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, *[np.asarray(a) for a in arrays])  # not ascontiguousarray: it makes 0-d arrays 1-d
+    return buffer.getvalue()
+
+
+def decode_clear(blob: object, count: int) -> list[np.ndarray]:
+    """The inverse of `encode_clear`; ReplyError unless it holds exactly `count` arrays."""
+    if not isinstance(blob, bytes):
+        raise ReplyError(f"metrics lack the bytes of '{CLEAR_KEY}'")
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as saved:
+            arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    except (OSError, ValueError, EOFError, KeyError) as exc:
+        raise ReplyError(f"undecodable '{CLEAR_KEY}': {exc}") from None
+    if len(arrays) != count:
+        raise ReplyError(f"'{CLEAR_KEY}' holds {len(arrays)} arrays, expected {count}")
+    return arrays
+
+
+def secure_upload(
+    arrays: Sequence[np.ndarray], modes: Sequence[str], n: int, clip: float
+) -> tuple[list[np.ndarray], dict[str, bytes | int]]:
+    """Client: (the arrays SecAgg+ masks, the metrics to add) for a plain reply of `arrays` with weight n.
+
+    SUM arrays are divided by n, MEAN arrays pass, CLEAR arrays move to the metrics. `CLIPPED_KEY`
+    counts values beyond +-clip, which SecAgg+ would silently clip (a wrong, not a noisy, result)."""
+    if len(arrays) != len(modes) or any(mode not in MODES for mode in modes):
+        raise ValueError(f"{len(arrays)} arrays, modes {list(modes)}")
+    if n < 1:
+        raise ValueError(f"weight n={n}: SecAgg+ needs a positive sample count")
+    masked, clear = [], []
+    for array, mode in zip(arrays, modes, strict=True):
+        if mode == CLEAR:
+            clear.append(np.asarray(array))
+        else:
+            values = np.asarray(array, dtype=np.float64)
+            masked.append(values / n if mode == SUM else values)
+    clipped = int(sum(int((np.abs(a) > clip).sum()) for a in masked))
+    return masked, {CLEAR_KEY: encode_clear(clear), CLIPPED_KEY: clipped}
+
+
+def secure_specs(specs: Sequence[ArraySpec], modes: Sequence[str]) -> list[ArraySpec]:
+    """Strategy: what the secure average looks like (float, same shapes) for a plain reply of `specs`."""
+    return [
+        ArraySpec(spec.name, spec.shape, "f")
+        for spec, mode in zip(specs, modes, strict=True)
+        if mode != CLEAR
+    ]
+
+
+def plain_replies(
+    average: Sequence[np.ndarray],
+    clear_blobs: Sequence[object],
+    weights: Sequence[int],
+    modes: Sequence[str],
+    dtypes: Sequence[str | None],
+) -> list[list[np.ndarray]]:
+    """Strategy: per reply, arrays the plain aggregation maps to the secure result.
+
+    `average` is SecAgg+'s output (every reply holds the same), `weights` the n_i of every reply that
+    went into it. SUM -> average * n_i (they add up to the total), MEAN -> the average cast to its
+    dtype (their weighted mean is itself), CLEAR -> that client's own array."""
+    if len(average) != sum(mode != CLEAR for mode in modes):
+        raise ReplyError(f"secure average of {len(average)} arrays, modes {list(modes)}")
+    n_clear = sum(mode == CLEAR for mode in modes)
+    clears = [decode_clear(blob, n_clear) for blob in clear_blobs]
+    replies = []
+    for n, own in zip(weights, clears, strict=True):
+        secure, clear, arrays = iter(average), iter(own), []
+        for mode, dtype in zip(modes, dtypes, strict=True):
+            if mode == CLEAR:
+                arrays.append(next(clear))
+                continue
+            value = np.asarray(next(secure), dtype=np.float64)
+            value = value * n if mode == SUM else value
+            arrays.append(value.astype(dtype) if dtype else value)
+        replies.append(arrays)
+    return replies
+
+
+def sum_tolerance(clip: float, max_weight: float, clients: int) -> float:
+    """A bound (4 sigma of stochastic rounding + weight quantisation) on a SUM total's absolute error."""
+    return 4.0 * np.sqrt(max(clients, 1)) * clip * max_weight / SECAGG_QUANTISATION_RANGE

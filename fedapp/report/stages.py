@@ -1,0 +1,135 @@
+"""The final report: after the last round every client labels all its records with the global model.
+
+Two evaluate messages, driven by the config key `report` (the server side is `strategies/report.py`):
+
+1. ``assign``: the client assigns every local record (`Assignment`), writes `assignments.csv` on its own
+   machine (`fedapp.report.assignments`), and returns only aggregates: cluster sizes, per-cluster sums in the
+   space the method clusters in (`fedapp.metrics.label_free.ClusterSums`), per-cluster term document counts
+   for
+   text methods (terms in fewer than `keyword-min-docs` local documents of a cluster are withheld), and
+   its contingency table when it has labels.
+2. ``distances``: the server sends the pooled cluster means; the client returns per-cluster sums of
+   distances to them and its silhouette sum (`fedapp.metrics.label_free.DistanceSums`), which Davies–Bouldin
+   and
+   the simplified silhouette need.
+
+No per-record value crosses the wire in either message.
+
+**Under SecAgg+** (run-config `secagg`) both stages are *fit* messages aggregated by Flower's SecAgg+
+(`fedapp.app.server_loop.run_secure_report`): the client returns its summable statistics as arrays
+(`secure_assign_arrays`, `secure_distance_arrays`, sums over n as `fedapp.privacy.secagg` encodes them), and
+the server learns only their totals. Per client in the clear: its row count (SecAgg+'s weight), its
+score kind, the number of clusters its privacy floor withheld (zeros in those rows of the sums) and the
+text methods' term counts (each client's own vocabulary: not a sum). Sums of features and distances are
+multiplied by the public `SCALE_KEY` the server sends (1, then smaller if SecAgg+ would clip them).
+
+**Under differential privacy** (`dp.epsilon > 0`, `dp.report`) the client sends either nothing but its
+identity, or noisy statistics of clipped records (`NOISY_KEY`, `fedapp.privacy.dp`), counted in the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedapp.maths.clustering import nearest_centre
+from fedapp.metrics.label_free import (
+    ClusterSums,
+    DistanceSums,
+    approximate_cluster_sums,
+    approximate_distance_sums,
+)
+from fedapp.report.assignments import SCORE_KINDS
+
+REPORT_KEY = "report"  # EvaluateIns config: which stage of the final report this message is
+STAGE_ASSIGN = "assign"
+STAGE_DISTANCES = "distances"
+STAGES = (STAGE_ASSIGN, STAGE_DISTANCES)
+
+SIZES_KEY = "cluster-sizes"  # (k,) int64 counts of this client's records per cluster
+SUMS_KEY = "cluster-sums"  # encoded ClusterSums
+DISTANCES_KEY = "distance-sums"  # encoded DistanceSums
+TERMS_KEY = "term-counts"  # encoded per-cluster term document counts (text methods)
+TABLE_KEY = "table"  # contingency table (labelled clients only)
+ROWS_KEY = "assigned-rows"  # how many records this client assigned (and wrote)
+SCORE_KIND_KEY = "score-kind"  # what the score column of its assignments.csv means (node_outputs.SCORE_KINDS)
+DATA_ERROR_KEY = "data-error"  # a client that cannot read its data says why (one line)
+SCALE_KEY = "report-scale"  # secure report: public factor on the feature and distance sums (clip headroom)
+NOISY_KEY = "noisy-statistics"  # DP report: the noisy statistics (`fedapp.metrics.label_free.encode_arrays`)
+NOISY_ASSIGN = {"sizes", "sums"}  # what NOISY_KEY holds in each stage (a space-less method: sizes only)
+NOISY_DISTANCES = {"distance_sums", "squared_sums", "silhouette_sum"}
+# what the strategy says of one SecAgg+ attempt at a report stage: go on, ask again with a smaller scale
+# (SecAgg+ would have clipped a value), or stop the report
+SECURE_DONE, SECURE_RETRY, SECURE_STOP = "done", "retry", "stop"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A client's labelling of its records under the global model.
+
+    `labels`: cluster per record (0..k-1); `scores`: per record, what `score_kind` says (NaN: none);
+    `space`: the N x D vectors the label-free metrics are computed in (None: the method has no such
+    space, e.g. a topic model, whose metrics are its topics').
+    """
+
+    labels: np.ndarray
+    scores: np.ndarray
+    score_kind: str
+    space: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.labels)
+        if self.score_kind not in SCORE_KINDS:
+            raise ValueError(f"score kind {self.score_kind!r} is none of {sorted(SCORE_KINDS)}")
+        if self.scores.shape != (n,):
+            raise ValueError(f"{n} labels but scores of shape {self.scores.shape}")
+        if self.space is not None and (self.space.ndim != 2 or self.space.shape[0] != n):
+            raise ValueError(f"{n} labels but a metric space of shape {self.space.shape}")
+
+
+def nearest_with_distance(space: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(nearest centre as `nearest_centre` picks it, Euclidean distance to it) for every row."""
+    x = np.asarray(space, dtype=np.float64)
+    labels = nearest_centre(x, centres)
+    offset = x - np.asarray(centres, dtype=np.float64)[labels]
+    return labels, np.sqrt((offset * offset).sum(1))
+
+
+# ------------------------------------------------------------------------------- SecAgg+ layout
+def secure_assign_arrays(sizes: np.ndarray, sums: ClusterSums | None, scale: float) -> list[np.ndarray]:
+    """Stage 1 as SecAgg+ sums: cluster sizes, then (if the method has a metric space) the floor's
+    counts and the feature sums times `scale`; every one is summed over the clients."""
+    arrays = [np.asarray(sizes, dtype=np.float64)]
+    if sums is not None:
+        arrays += [sums.counts.astype(np.float64), sums.sums * scale]
+    return arrays
+
+
+def secure_distance_arrays(sums: DistanceSums, scale: float) -> list[np.ndarray]:
+    """Stage 2 as SecAgg+ sums: distance and squared-distance sums times `scale`, silhouette sum, rows."""
+    return [
+        sums.distance_sums * scale,
+        sums.squared_sums * scale,
+        np.array([sums.silhouette_sum]),
+        np.array([float(sums.n)]),
+    ]
+
+
+def assign_from_totals(
+    totals: list[np.ndarray], k: int, scale: float
+) -> tuple[np.ndarray, ClusterSums | None]:
+    """Server: (cluster sizes, pooled `ClusterSums` or None) from stage 1's secure totals, rounded."""
+    if len(totals) not in (1, 3) or any(t.shape[:1] != (k,) for t in totals):
+        raise ValueError(f"secure report totals of shapes {[t.shape for t in totals]} for k={k}")
+    sizes = np.maximum(np.rint(totals[0]), 0).astype(np.int64)
+    if len(totals) == 1:
+        return sizes, None
+    return sizes, approximate_cluster_sums(totals[1], np.asarray(totals[2]) / scale)
+
+
+def distances_from_totals(totals: list[np.ndarray], counts: np.ndarray, scale: float) -> DistanceSums:
+    """Server: pooled `DistanceSums` from stage 2's secure totals (n: the pooled count)."""
+    if len(totals) != 4 or totals[0].shape != counts.shape or totals[1].shape != counts.shape:
+        raise ValueError(f"secure distance totals of shapes {[t.shape for t in totals]}")
+    return approximate_distance_sums(totals[0] / scale, totals[1] / scale, float(totals[2][0]), counts)
