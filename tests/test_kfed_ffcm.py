@@ -314,7 +314,7 @@ def test_small_kmeans_runs_on_one_thread_with_the_same_result(monkeypatch: pytes
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_info
 
-    from fedapp import clustering
+    from fedapp.maths import clustering
 
     seen: list[int] = []
     fit = KMeans.fit
