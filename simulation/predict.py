@@ -19,10 +19,10 @@ from fedapp.app.preflight import check_out_dir
 from fedapp.config.run import ConfigError, parse_run_config
 from fedapp.datasets import has_placeholder, is_source_spec
 from fedapp.datasets.local import load_run_dataset
+from fedapp.launch.resolve import absolute_spec
 from fedapp.methods import load_class, method_spec
 from fedapp.report.assignments import write_assignments
 from fedapp.report.model_store import read_model
-from simulation.runner import absolute_spec
 
 # Keys of the saved run that must not carry over to one local file
 LOCAL_KEYS = {"num-clients": 1, "partition": "iid", "max-samples": 0, "dropout-rate": 0.0, "resume": False}

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from sklearn.neighbors import KNeighborsClassifier
 
+from fedapp.launch.resolve import build_overrides
 from simulation.papers.ccfc.representations import KNN_KS, knn_accuracy, load_run, main
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 
 def test_knn_accuracy_matches_scikit_learn_for_every_k_tied_votes_included() -> None:

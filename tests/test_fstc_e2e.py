@@ -15,11 +15,12 @@ from flwr.common import Context, RecordDict
 
 from clients.fstc import FSTCClient
 from fedapp.config.run import parse_run_config
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.fstc import initial_centres
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fstc import fstc_model
 from fedapp.neural.glue import state_arrays, state_schema
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 QUICK = {"fstc.local-iters": 20, "fstc.batch-size": 50, "fstc.warmup-iters": 10, "fstc.label-updates": 4}
 

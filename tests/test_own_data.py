@@ -15,11 +15,12 @@ from PIL import Image
 from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score
 
 from fedapp.datasets import load_dataset
+from fedapp.launch.resolve import build_overrides
 from fedapp.metrics.contingency import clustering_metrics, contingency_table
 from fedapp.report.assignments import read_assignments
 from simulation.__main__ import main
 from simulation.predict import predict
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from tests.own_files import write_text_sites
 from tests.synthetic_images import class_images
 

@@ -14,7 +14,8 @@ process starts (in the runner and the deploy script) and again in `server_fn` be
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -136,6 +137,14 @@ class RunConfig(ConfigSection):
     method_config: ConfigSection | None = field(default=None, compare=True)
     dp: DPConfig = field(default_factory=DPConfig, compare=True)
 
+    @cached_property
+    def own_data(self) -> bool:
+        """Whether `dataset` is a user's own file(s) (a source spec) rather than a registered name: asked
+        of the config (once per config) by every check and loader of the run."""
+        from fedapp.datasets import is_source_spec
+
+        return is_source_spec(self.dataset)
+
     @property
     def evaluation_interval(self) -> int:
         """Rounds between evaluations (`eval-every`, with 0 resolved)."""
@@ -211,9 +220,9 @@ def parse_run_config(overrides: Mapping[str, Any] | None = None, *, cross_checks
                 f"run-config '{key}' belongs to method {' / '.join(owners)}, but the method is '{method}'"
             )
     method_config = spec.config.parse(own, own_table) if spec.config is not None else None
+    if common.get("partition", "auto") == "auto":
+        common["partition"] = "vertical" if spec.vertical else "iid"
     cfg = RunConfig.parse(common, method_config=method_config, dp=DPConfig.parse(dp, DP_TABLE))
-    if cfg.partition == "auto":
-        cfg = replace(cfg, partition="vertical" if spec.vertical else "iid")
     if cross_checks:
         _validate(cfg)
     return cfg
@@ -257,9 +266,9 @@ def _validate_dp(cfg: RunConfig) -> None:
 
 def _validate_dataset(cfg: RunConfig) -> None:
     """The dataset exists and is of a kind the method can run on (files are checked by the runner)."""
-    from fedapp.datasets import MAT_PREFIX, available_datasets, dataset_info, is_source_spec
+    from fedapp.datasets import MAT_PREFIX, available_datasets, dataset_info
 
-    if is_source_spec(cfg.dataset):
+    if cfg.own_data:
         _validate_source(cfg)
         return
     if cfg.dataset.startswith(MAT_PREFIX):

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from simulation.runner import build_overrides, execute
+from fedapp.launch.resolve import build_overrides
+from simulation.runner import execute
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 METRICS = ("nmi", "acc")

@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 from fedapp.config.run import PROJECT_ROOT
-from simulation.processes import RUN_TOKEN_ENV, processes_with_token
-from simulation.runner import build_overrides, execute
+from fedapp.launch.processes import RUN_TOKEN_ENV, processes_with_token
+from fedapp.launch.resolve import build_overrides
+from simulation.runner import execute
 
 # Small runs per method for the dropout bar (the payload audit test uses the same sizes).
 DROPOUT_RUNS = {

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedapp.config.run import PROJECT_ROOT
-from simulation.processes import RUN_TOKEN_ENV
+from fedapp.launch.processes import RUN_TOKEN_ENV
 
 # method -> (dataset, clients, extra run-config keys); rounds come from --rounds
 CASES: dict[str, tuple[str, int, dict[str, Any]]] = {

@@ -19,8 +19,9 @@ from pathlib import Path
 from threadpoolctl import threadpool_limits
 
 from fedapp.datasets import load_dataset, resolve_data_dir
+from fedapp.launch.resolve import build_overrides
 from simulation.papers.cefmc.reference import run_reference
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 METHODS = ("fedcmv", "fedfcmv", "cefmc", "cefmc-h")
 FUZZIFIER = 2.0

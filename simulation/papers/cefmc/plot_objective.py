@@ -14,7 +14,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from simulation.runner import build_overrides, execute
+from fedapp.launch.resolve import build_overrides
+from simulation.runner import execute
 
 
 def main(argv: list[str] | None = None) -> None:

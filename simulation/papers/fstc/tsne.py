@@ -32,13 +32,14 @@ from fedapp.features.bow import (
     tfidf_matrix,
 )
 from fedapp.features.texts import dataset_embeddings
+from fedapp.launch.presets import apply_preset, available_presets
+from fedapp.launch.resolve import build_overrides
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fsccl import SCCLModel
 from fedapp.models.fstc import fstc_model
 from fedapp.neural.glue import load_state_arrays
-from simulation.presets import apply_preset, available_presets
-from simulation.runner import build_overrides, flower_log_to_file
+from simulation.runner import flower_log_to_file
 
 
 def trained_global_model(method: str, dataset: str, clients: int, rounds: int, seed: int) -> list[np.ndarray]:

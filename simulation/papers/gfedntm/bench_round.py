@@ -19,8 +19,9 @@ import os
 import time
 from pathlib import Path
 
-from simulation.presets import load_preset
-from simulation.runner import build_overrides, execute
+from fedapp.launch.presets import load_preset
+from fedapp.launch.resolve import build_overrides
+from simulation.runner import execute
 
 PRESET = "gfedntm-cpu"
 

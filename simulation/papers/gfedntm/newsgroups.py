@@ -31,10 +31,11 @@ from fedapp.datasets import load_dataset, resolve_data_dir
 from fedapp.datasets.partition import partition_indices
 from fedapp.features.bow import count_matrix
 from fedapp.features.embeddings import embed_texts
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.gfedntm import Corpus, build_model, fit_centralized, make_optimizer, top_words
 from fedapp.methods.gfedntm import DIVERSITY_TOP_WORDS, NPMI_TOP_WORDS, GFedNTMConfig
 from fedapp.metrics.topics import average_minimum_wmd, npmi_from_cooccurrence, topic_diversity
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 DATASET = "20news-families"
 CLIENTS = 5

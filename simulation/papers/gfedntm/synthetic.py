@@ -36,6 +36,8 @@ from fedapp.datasets import load_dataset
 from fedapp.datasets.local import client_seed
 from fedapp.datasets.partition import partition_indices
 from fedapp.datasets.synthetic import SyntheticLDA, synthetic_truth
+from fedapp.launch.presets import load_preset
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.gfedntm import (
     Corpus,
     EpochSplit,
@@ -55,8 +57,7 @@ from fedapp.metrics.topics import (
     topic_similarity_score,
 )
 from fedapp.neural.glue import Rngs
-from simulation.presets import load_preset
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 PRESET = "gfedntm-cpu"
 REFERENCE = {

@@ -12,22 +12,21 @@
 A preset may name `extends = "OTHER"` under [preset]: it starts from OTHER's values (same method) and its
 own [config] wins, so a variant states only what it changes.
 
-`python -m simulation run --preset NAME` applies a preset under the command line's own options (those
-win); `python -m simulation methods` lists the presets of each method.
+`python -m simulation run --preset NAME` (and `fedapp deploy --preset NAME`) applies a preset under the
+command line's own options (those win); `python -m simulation methods` lists the presets of each method.
 """
 
 from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from flwr.common.config import flatten_dict
 
-from fedapp.config.run import ConfigError, parse_run_config
+from fedapp.config.run import PROJECT_ROOT, ConfigError, parse_run_config
 
-PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+PRESETS_DIR = PROJECT_ROOT / "simulation" / "presets"  # beside the CLI that lists them; deploy reads them too
 
 
 @dataclass(frozen=True)

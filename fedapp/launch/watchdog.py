@@ -6,7 +6,7 @@ SIGKILL runs no `finally`: SuperLink, SuperExec, the simulation and Ray's worker
 unwatched and leave a temporary FLWR_HOME behind. So the entry point starts this watchdog first, in its
 own session and without the run token (so that stopping the run's processes does not stop the guard):
 
-    python -m simulation.watchdog --parent PID --token TOKEN --remove DIR [--remove DIR ...]
+    python -m fedapp.launch.watchdog --parent PID --token TOKEN --remove DIR [--remove DIR ...]
 
 It checks every `POLL_S` whether it still has its parent (a dead parent's children are handed to
 another process, so `getppid` changes; PID reuse cannot fool it). When the parent is gone it stops every
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from simulation.processes import RUN_TOKEN_ENV, stop_run
+from fedapp.launch.processes import RUN_TOKEN_ENV, stop_run
 
 POLL_S = 0.5
 
@@ -32,13 +32,13 @@ POLL_S = 0.5
 def start_watchdog(token: str, remove: list[Path]) -> subprocess.Popen:
     """Start the guard for this process's run `token`; it removes `remove` if this process dies."""
     env = {key: value for key, value in os.environ.items() if key != RUN_TOKEN_ENV}
-    command = [sys.executable, "-m", "simulation.watchdog", "--parent", str(os.getpid()), "--token", token]
+    command = [sys.executable, "-m", "fedapp.launch.watchdog", "--parent", str(os.getpid()), "--token", token]
     for path in remove:
         command += ["--remove", str(path)]
     return subprocess.Popen(
         command,
         env=env,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],  # the project root: `fedapp` imports from there
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -61,7 +61,7 @@ def watch(parent: int, token: str, remove: list[Path]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulation.watchdog", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fedapp.launch.watchdog", description=__doc__)
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--token", required=True)
     parser.add_argument("--remove", type=Path, action="append", default=[])
