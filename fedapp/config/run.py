@@ -27,6 +27,7 @@ from fedapp.privacy.dp import DP_METHODS, DPConfig
 
 __all__ = [
     "ConfigError",
+    "NodeSettings",
     "RunConfig",
     "config_sections",
     "default_run_config",
@@ -40,6 +41,15 @@ DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 Section = TypeVar("Section", bound=ConfigSection)
 DP_TABLE = "dp"  # [tool.flwr.app.config.dp]: differential privacy, any method in fedapp.privacy.dp.DP_METHODS
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a SuperNode's own config changed in its view of the run, merged once by the ClientApp
+    (`fedapp.app.client_app.node_run_config`); the defaults describe a node that changed nothing."""
+
+    own_file: bool = False  # its node config named its data file: it reads that file whole, nothing else
+    run_dataset: str = ""  # the run config's `dataset`, the same on every party whatever a node reads
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,7 @@ class RunConfig(ConfigSection):
     )
     method_config: ConfigSection | None = field(default=None, compare=True)
     dp: DPConfig = field(default_factory=DPConfig, compare=True)
+    node: NodeSettings = field(default_factory=NodeSettings, compare=True)
 
     @cached_property
     def own_data(self) -> bool:

@@ -146,9 +146,10 @@ def check_kind(data: Dataset, cfg: RunConfig) -> None:
         )
 
 
-def owns_file(cfg: RunConfig, node_dataset: bool) -> bool:
-    """Whether a client reads a whole file of its own instead of a partition of a shared dataset."""
-    return node_dataset or (cfg.own_data and has_placeholder(cfg.dataset))
+def owns_file(cfg: RunConfig) -> bool:
+    """Whether a client reads a whole file of its own instead of a partition of a shared dataset: its node
+    config named one, or the spec has a `{partition-id}`."""
+    return cfg.node.own_file or (cfg.own_data and has_placeholder(cfg.dataset))
 
 
 def own_file(cfg: RunConfig, partition_id: int) -> LocalData:
