@@ -50,7 +50,7 @@ def predict(model_dir: Path, dataset: str, out: Path, overrides: Mapping[str, An
         "k": int(saved.info["k"]),
         **(overrides or {}),
     }
-    node_config = {"partition-id": 0, "num-partitions": 1, "dataset": dataset}  # this file, read whole
+    node_config = {"partition-id": 0, "num-partitions": 1, "dataset": run_config["dataset"]}  # read whole
     cfg = node_run_config(run_config, node_config)
     load_run_dataset(cfg)  # a bad file fails here, in one line, before any model is built
     check_out_dir(out.parent if str(out.parent) else Path("."))
