@@ -42,7 +42,7 @@ from fedapp.privacy.dp import (
     sum_count_sensitivity,
     total_releases,
 )
-from fedapp.privacy.floor import WITHHELD_KEY, min_cluster_size
+from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, WITHHELD_KEY
 from fedapp.privacy.secagg import SUM, secure_upload
 from fedapp.report.assignments import ASSIGNMENTS_FILE, node_out_dir, run_name, write_assignments
 from fedapp.report.stages import (
@@ -105,12 +105,13 @@ class ClusteringClient(NumPyClient):
             )
         self.k = cfg.k or self.data.n_classes
         self.seed = client_seed(cfg.seed, self.partition_id)
-        self.floor = min_cluster_size(cfg.min_cluster_size, context.node_config)  # fedapp.privacy.floor
+        # fedapp.privacy.floor: the ClientApp folded the node's floor into cfg; the client's own holds anyway
+        self.floor = max(CLIENT_MIN_CLUSTER, cfg.min_cluster_size)
 
     @property
     def owns_file(self) -> bool:
         """This client reads a file of its own (placeholder spec, or `dataset` in its node config)."""
-        return owns_file(self.cfg, "dataset" in self.context.node_config)
+        return owns_file(self.cfg)
 
     def load_data(self) -> LocalData:
         if self.owns_file:
@@ -157,10 +158,9 @@ class ClusteringClient(NumPyClient):
         return {SIZES_KEY: encode_array(np.bincount(predicted, minlength=self.k).astype(np.int64))}
 
     def node_directory(self) -> Path:
-        """Where this node writes its records' clusters (node config `node-out-dir` wins)."""
-        configured = str(self.context.node_config.get("node-out-dir", self.cfg.node_out_dir))
+        """Where this node writes its records' clusters (node config `node-out-dir`, merged, wins)."""
         name = run_name(self.cfg.out_dir, self.cfg.method, self.cfg.dataset, self.cfg.seed)
-        return node_out_dir(configured, self.partition_id, name)
+        return node_out_dir(self.cfg.node_out_dir, self.partition_id, name)
 
     def report_assignments(
         self, parameters: NDArrays, config: dict[str, Scalar]
@@ -365,10 +365,8 @@ class VerticalClient(ClusteringClient):
         """Keyed hashes of every id in this party's file (all rows, file order)."""
         if self.data.dataset.ids is None:
             raise ClientConfigError(f"client {self.partition_id}: vertical own data needs an id-column")
-        shared = self.context.run_config  # the same on every party (a node may override `dataset`)
-        name = run_name(
-            str(shared.get("out-dir", "")), self.cfg.method, str(shared.get("dataset", "")), self.cfg.seed
-        )
+        # the same name on every party: the run config's dataset, not the file this node reads
+        name = run_name(self.cfg.out_dir, self.cfg.method, self.cfg.node.run_dataset, self.cfg.seed)
         return hash_ids(self.data.dataset.ids, run_key(self.cfg.id_key, name))
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:

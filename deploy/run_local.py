@@ -19,19 +19,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tomli_w  # noqa: E402
 
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
-from fedapp.config.run import PROJECT_ROOT, parse_run_config  # noqa: E402
+from fedapp.config.run import PROJECT_ROOT  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
-from fedapp.report.records import exit_code, mark_summary, status_line  # noqa: E402
-from simulation.presets import apply_preset  # noqa: E402
-from simulation.processes import (  # noqa: E402
+from fedapp.launch.options import ClientResources, merge_flags, parse_set_options, path_argument  # noqa: E402
+from fedapp.launch.presets import apply_preset  # noqa: E402
+from fedapp.launch.processes import (  # noqa: E402
     RUN_TOKEN_ENV,
     Interrupted,
     ProcessError,
@@ -44,16 +46,9 @@ from simulation.processes import (  # noqa: E402
     stop_run,
     wait_for_health,
 )
-from simulation.runner import (  # noqa: E402
-    ClientResources,
-    absolute_spec,
-    build_overrides,
-    merge_flags,
-    parse_set_options,
-    path_argument,
-    validate,
-)
-from simulation.watchdog import start_watchdog, stop_watchdog  # noqa: E402
+from fedapp.launch.resolve import absolute_spec, build_overrides, validate  # noqa: E402
+from fedapp.launch.watchdog import start_watchdog, stop_watchdog  # noqa: E402
+from fedapp.report.records import exit_code, mark_summary, status_line  # noqa: E402
 
 START_TIMEOUT_S = 60
 DEFAULTS = {"method": "kfed", "dataset": "digits", "num-clients": 3, "num-rounds": 2, "seed": 0}
@@ -89,7 +84,7 @@ def _toml_string(value: str) -> str:
 
 
 def deploy(
-    overrides: dict,
+    overrides: Mapping[str, Any],
     num_clients: int,
     work_dir: Path,
     security: Security = Security(),
@@ -177,7 +172,7 @@ def deploy(
             pids[f"supernode{index}"] = node.pid
             print(f"SuperNode {index} pid {node.pid}{' (unregistered key)' if extra else ''}", flush=True)
         run_config = work_dir / "run-config.toml"
-        run_config.write_text(tomli_w.dumps(overrides))
+        run_config.write_text(tomli_w.dumps(dict(overrides)))
         command = [console_script("flwr"), "run", str(PROJECT_ROOT), "deploy", "--stream"]
         command += ["--run-config", str(run_config)]
         log_path = Path(overrides["out-dir"]) / "flower.log"
@@ -254,15 +249,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     }
     try:  # fail before starting any process
         base = {**DEFAULTS, **merge_flags(flags, parse_set_options(args.set), args.out)}
-        overrides = build_overrides(apply_preset(args.preset, base), args.out)
-        parse_run_config(overrides)
+        run = build_overrides(apply_preset(args.preset, base), args.out)  # resolved once
         node_data = absolute_spec(args.node_data) if args.node_data else None
         if args.dry_run:  # the nodes' own files are theirs to check; a shared dataset is checked here
             if node_data is None:
-                validate(overrides, "flwr", ClientResources(), dry_run=True)
-            print(
-                f"dry run: {overrides['method']} on {overrides['num-clients']} SuperNodes: configuration OK"
-            )
+                validate(run, "flwr", ClientResources(), dry_run=True)
+            print(f"dry run: {run.config.method} on {run.config.num_clients} SuperNodes: configuration OK")
             return 0
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -272,7 +264,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         try:
             with interruptible():
                 security = Security(tls=args.tls, auth=args.auth, unregistered_nodes=args.unregistered_nodes)
-                code = deploy(overrides, overrides["num-clients"], Path(tmp), security, node_data)
+                code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)
         except Interrupted as exc:
             print(f"{exc}: stopped every process this deployment started", file=sys.stderr)
             if summary := mark_summary(args.out, "interrupted", str(exc)):

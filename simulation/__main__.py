@@ -1,5 +1,6 @@
 """The `fedapp` command (also `python -m simulation`): run, experiment, deploy, predict, datasets, methods,
-stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py, deploy/run_local.py)."""
+stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py, deploy/run_local.py,
+fedapp/launch/)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,21 @@ from pathlib import Path
 
 from fedapp.config.run import DEVICES, ConfigError
 from fedapp.datasets import DatasetError, dataset_infos
+from fedapp.launch.options import (
+    DEFAULT_CPUS_PER_CLIENT,
+    ClientResources,
+    merge_flags,
+    parse_set_options,
+    path_argument,
+)
+from fedapp.launch.presets import apply_preset
+from fedapp.launch.processes import Interrupted, interruptible, local_superlinks
+from fedapp.launch.resolve import ENGINES, build_overrides, validate
 from fedapp.methods import METHODS
 from fedapp.report.records import exit_code, format_metrics_table, mark_summary, status_line
 from simulation.experiments import ExperimentError, check_experiment, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
-from simulation.presets import apply_preset
-from simulation.processes import Interrupted, interruptible, local_superlinks
-from simulation.runner import (
-    DEFAULT_CPUS_PER_CLIENT,
-    ENGINES,
-    ClientResources,
-    RunError,
-    build_overrides,
-    execute,
-    merge_flags,
-    parse_set_options,
-    path_argument,
-    validate,
-)
+from simulation.runner import RunError, execute
 
 
 def _prog() -> str:
@@ -210,11 +208,12 @@ def _command(args: argparse.Namespace) -> int:
         }
         base = apply_preset(args.preset, merge_flags(optional, parse_set_options(args.set), args.out))
         resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
+        run = build_overrides(base, args.out)  # the run's configuration, resolved once
         if args.dry_run:
-            cfg = validate(build_overrides(base, args.out), args.engine, resources, dry_run=True)
+            cfg = validate(run, args.engine, resources, dry_run=True)
             print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
             return 0
-        summary = execute(build_overrides(base, args.out), args.engine, resources=resources)
+        summary = execute(run, args.engine, resources=resources)
         print()
         print(format_metrics_table([summary]))
         print(f"\nwrote {args.out / 'summary.json'}")

@@ -33,8 +33,10 @@ from typing import Any
 from flwr.common.config import flatten_dict
 
 from fedapp.config.run import ConfigError, parse_run_config
-from simulation.presets import apply_preset
-from simulation.runner import ClientResources, RunError, build_overrides, execute, validate
+from fedapp.launch.options import ClientResources
+from fedapp.launch.presets import apply_preset
+from fedapp.launch.resolve import ResolvedRun, build_overrides, validate
+from simulation.runner import RunError, execute
 
 DEFAULT_METRICS = ("acc", "nmi", "ari", "purity", "kappa")
 
@@ -96,7 +98,7 @@ def run_dir(out_root: Path, label: str, seed: int) -> Path:
     return out_root / f"{slug}-s{seed}"
 
 
-def finished_summary(out_dir: Path, overrides: Mapping[str, Any]) -> dict[str, Any] | None:
+def finished_summary(out_dir: Path, run: ResolvedRun) -> dict[str, Any] | None:
     """The run's summary if it finished with metrics and this very configuration, else None.
 
     "This very configuration" is every resolved key, defaults included: a run made before a default
@@ -109,15 +111,15 @@ def finished_summary(out_dir: Path, overrides: Mapping[str, Any]) -> dict[str, A
         summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # a half-written or foreign file: run it again
-    resolved = parse_run_config(overrides).to_dict()
+    resolved = run.config.to_dict()
     stored = summary.get("config", {})
     same = all(key in stored and stored[key] == value for key, value in resolved.items())
     finished = summary.get("status") in ("completed", "converged", "degraded")
     return summary if finished and summary.get("metrics") and same else None
 
 
-def seed_run(spec: RunSpec, seed: int, out_root: Path) -> tuple[Path, dict[str, Any]]:
-    """One run x seed: its output directory and its resolved overrides."""
+def seed_run(spec: RunSpec, seed: int, out_root: Path) -> tuple[Path, ResolvedRun]:
+    """One run x seed: its output directory and its configuration, resolved once."""
     out_dir = run_dir(out_root, spec.label, seed)
     return out_dir, build_overrides({**spec.overrides, "seed": seed}, out_dir)
 
@@ -146,9 +148,9 @@ def check_experiment(
         if only and spec.label not in only:
             continue
         for seed in experiment.seeds:
-            _, overrides = seed_run(spec, seed, out_root)
+            _, run = seed_run(spec, seed, out_root)
             try:
-                validate(overrides, engine or experiment.engine, ClientResources(), dry_run=True)
+                validate(run, engine or experiment.engine, ClientResources(), dry_run=True)
             except ValueError as exc:
                 raise ExperimentError(f"run '{spec.label}' seed {seed}: {exc}") from None
             count += 1
@@ -180,11 +182,11 @@ def run_experiment(
                 results[spec.label] = done
             continue
         for seed in experiment.seeds:
-            out_dir, overrides = seed_run(spec, seed, out_root)
-            summary = finished_summary(out_dir, overrides) if resume else None
+            out_dir, run = seed_run(spec, seed, out_root)
+            summary = finished_summary(out_dir, run) if resume else None
             reused = summary is not None
             if summary is None:
-                summary = execute(overrides, engine or experiment.engine, quiet=True)
+                summary = execute(run, engine or experiment.engine, quiet=True)
             if summary.get("status") == "failed":
                 raise RunError(f"run '{spec.label}' seed {seed} failed: {summary.get('status_reason')}")
             results.setdefault(spec.label, []).append(summary)

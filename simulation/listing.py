@@ -9,8 +9,8 @@ from typing import Any
 from fedapp.config.keys import ConfigSection, KeySpec
 from fedapp.config.run import RunConfig, config_sections
 from fedapp.datasets import DatasetInfo
+from fedapp.launch.presets import available_presets
 from fedapp.methods import METHODS, method_spec, methods_for_kind
-from simulation.presets import available_presets
 
 
 def _value(value: Any) -> str:

@@ -15,14 +15,15 @@ from typing import Any
 
 from flwr.common import Context, RecordDict
 
+from fedapp.app.client_app import node_run_config
 from fedapp.app.preflight import check_out_dir
-from fedapp.config.run import ConfigError, parse_run_config
+from fedapp.config.run import ConfigError
 from fedapp.datasets import has_placeholder, is_source_spec
 from fedapp.datasets.local import load_run_dataset
+from fedapp.launch.resolve import absolute_spec
 from fedapp.methods import load_class, method_spec
 from fedapp.report.assignments import write_assignments
 from fedapp.report.model_store import read_model
-from simulation.runner import absolute_spec
 
 # Keys of the saved run that must not carry over to one local file
 LOCAL_KEYS = {"num-clients": 1, "partition": "iid", "max-samples": 0, "dropout-rate": 0.0, "resume": False}
@@ -49,16 +50,11 @@ def predict(model_dir: Path, dataset: str, out: Path, overrides: Mapping[str, An
         "k": int(saved.info["k"]),
         **(overrides or {}),
     }
-    cfg = parse_run_config(run_config)
+    node_config = {"partition-id": 0, "num-partitions": 1, "dataset": run_config["dataset"]}  # read whole
+    cfg = node_run_config(run_config, node_config)
     load_run_dataset(cfg)  # a bad file fails here, in one line, before any model is built
     check_out_dir(out.parent if str(out.parent) else Path("."))
-    context = Context(
-        run_id=0,
-        node_id=0,
-        node_config={"partition-id": 0, "num-partitions": 1, "dataset": dataset},
-        state=RecordDict(),
-        run_config=run_config,
-    )
+    context = Context(run_id=0, node_id=0, node_config=node_config, state=RecordDict(), run_config=run_config)
     client = load_class(spec.client)(context, cfg)  # type: ignore[arg-type]
     assignment = client.assign(list(saved.arrays), {})
     write_assignments(out, client.data.ids, assignment.labels, assignment.scores)

@@ -54,7 +54,7 @@ from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
 from strategies.secure import SecureSumStrategy
 
-MODEL_FILE = "global_model.npz"  # the final global model and centroids (for simulation/ccfc analyses)
+MODEL_FILE = "global_model.npz"  # the final global model and centroids (for simulation/papers/ccfc analyses)
 
 
 class CheckpointError(RuntimeError):

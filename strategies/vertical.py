@@ -19,7 +19,6 @@ from flwr.common import FitIns, GetPropertiesIns, Parameters, Scalar, log, ndarr
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config.run import RunConfig
-from fedapp.datasets import is_source_spec
 from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, AlignmentError, intersect
 from fedapp.report.records import PROGRESS_MARKER
 from fedapp.wire import LABEL_HOLDER, ArraySpec, ReplyError, label_dtype
@@ -53,7 +52,7 @@ class VerticalStrategy(ClusteringStrategy):
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
-        self.own_data = is_source_spec(cfg.dataset)  # parties' own files: line them up by id first
+        self.own_data = cfg.own_data  # parties' own files: line them up by id first
         self.aligned_ids: np.ndarray | None = None  # the intersection of the parties' id hashes
         self.alignment: dict[str, dict[str, int]] = {}  # party -> its rows and how many were left out
         self.n_views: int | None = cfg.num_clients or None

@@ -83,7 +83,8 @@ def test_the_marginal_keys_parse_and_uniform_stays_the_default() -> None:
 
 @pytest.mark.usefixtures("text_embedding_cache")
 def test_an_fstc_run_with_the_adaptive_marginal_clusters_the_demo_topics(tmp_path) -> None:  # noqa: ANN001
-    from simulation.runner import build_overrides, execute
+    from fedapp.launch.resolve import build_overrides
+    from simulation.runner import execute
 
     quick = {"fstc.local-iters": 20, "fstc.batch-size": 50, "fstc.warmup-iters": 10, "fstc.label-updates": 4}
     base = {"method": "fstc", "dataset": "texts-demo", "num-clients": 2, "num-rounds": 4, "seed": 0, **quick}
@@ -95,7 +96,8 @@ def test_an_fstc_run_with_the_adaptive_marginal_clusters_the_demo_topics(tmp_pat
 
 @pytest.mark.usefixtures("text_embedding_cache")
 def test_fstc_replies_with_clusters_withheld_by_the_privacy_floor_are_accepted(tmp_path) -> None:  # noqa: ANN001
-    from simulation.runner import build_overrides, execute
+    from fedapp.launch.resolve import build_overrides
+    from simulation.runner import execute
 
     quick = {"fstc.local-iters": 10, "fstc.batch-size": 50, "fstc.warmup-iters": 5, "fstc.label-updates": 2}
     base = {"method": "fstc", "dataset": "texts-demo", "num-clients": 3, "num-rounds": 3, "seed": 0, **quick}

@@ -33,10 +33,11 @@ from clients.ccfc import (
 )
 from fedapp.config.run import RunConfig, parse_run_config
 from fedapp.datasets.augment import contrastive_augmenter
+from fedapp.launch.resolve import build_overrides
 from fedapp.methods.ccfc import CLUSTER, PRETRAIN, SETUP, SHAPE_KEYS, CCFCConfig, phase_of
 from fedapp.models.ccfc import CCFCNet, initial_model
 from fedapp.neural.glue import FINGERPRINT_KEY, state_arrays, state_schema
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from strategies.ccfc import CCFCStrategy, CheckpointError, average_models, merge_centroids
 from tests.flower_mocks import mock_proxy
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from sklearn.neighbors import KNeighborsClassifier
 
-from simulation.ccfc.representations import KNN_KS, knn_accuracy, load_run, main
-from simulation.runner import build_overrides, execute
+from fedapp.launch.resolve import build_overrides
+from simulation.papers.ccfc.representations import KNN_KS, knn_accuracy, load_run, main
+from simulation.runner import execute
 
 
 def test_knn_accuracy_matches_scikit_learn_for_every_k_tied_votes_included() -> None:
@@ -53,7 +54,7 @@ def test_runs_on_a_subsample_are_scored_on_the_whole_dataset(tmp_path: Path) -> 
 
 
 def test_sweep_figure_merges_earlier_points_without_counting_a_run_twice(tmp_path: Path) -> None:
-    from simulation.ccfc.figures import load_points, main, merge_points, sweep_series
+    from simulation.papers.ccfc.figures import load_points, main, merge_points, sweep_series
 
     run = {"config": {"p": 0.5, "ccfc.lambda": 1.0, "seed": 0}, "seed": 0}
     results = {"p=0.5 l=1": [{**run, "metrics": {"nmi": 0.80, "kappa": 0.70, "acc": 0.75}}]}

@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 
 from clients import cefmc as client
 from fedapp.datasets.preprocessing import SCALINGS, scale_view
-from simulation.cefmc.reference import run_cefmc, run_cefmc_h, run_reference
+from simulation.papers.cefmc.reference import run_cefmc, run_cefmc_h, run_reference
 from strategies import cefmc as server
 from strategies.vertical import has_converged
 

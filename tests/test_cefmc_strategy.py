@@ -39,11 +39,12 @@ from clients.fedcmv import init_centroids, squared_distances
 from fedapp.config.run import ConfigError, RunConfig, parse_run_config
 from fedapp.datasets import resolve_data_dir
 from fedapp.datasets.partition import PartitionError
+from fedapp.launch.resolve import build_overrides, count_views
 from fedapp.methods import METHODS
 from fedapp.methods.fedcmv import choose_initial_samples
 from fedapp.metrics.contingency import clustering_metrics, contingency_table, encode_table
 from fedapp.wire import LABEL_HOLDER, label_dtype
-from simulation.runner import build_overrides, count_views, execute
+from simulation.runner import execute
 from strategies.cefmc import (
     CeFMCHStrategy,
     CeFMCStrategy,

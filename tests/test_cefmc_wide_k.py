@@ -12,7 +12,7 @@ from threadpoolctl import threadpool_limits
 from clients import cefmc as client
 from fedapp.config.run import parse_run_config
 from fedapp.metrics.contingency import clustering_metrics, contingency_table
-from simulation.cefmc.reference import run_cefmc, run_central_kmeans
+from simulation.papers.cefmc.reference import run_cefmc, run_central_kmeans
 from strategies import cefmc as server
 from strategies.cefmc import CeFMCStrategy
 

@@ -13,10 +13,10 @@ from flwr.common.config import flatten_dict
 
 from fedapp.app.server_app import server_fn
 from fedapp.config.run import ConfigError, RunConfig, default_run_config, parse_run_config
+from fedapp.launch.options import parse_set_options
 from fedapp.methods import METHODS, config_tables
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.ffcm import FFCMConfig
-from simulation.runner import parse_set_options
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -236,7 +236,8 @@ def test_secagg_only_for_methods_that_sum() -> None:
 
 
 def test_secagg_needs_the_flower_engine(tmp_path: Path) -> None:
-    from simulation.runner import build_overrides, execute
+    from fedapp.launch.resolve import build_overrides
+    from simulation.runner import execute
 
     overrides = build_overrides({"method": "ffcm", "secagg": True, "num-clients": 3}, tmp_path)
     with pytest.raises(ConfigError, match="secagg=true needs --engine flwr"):

@@ -120,7 +120,7 @@ def _needs_shared_data(argv: tuple[str, ...]) -> bool:
 
 
 def _needs_gpu(argv: tuple[str, ...]) -> bool:
-    from simulation.runner import cuda_device_count
+    from fedapp.launch.options import cuda_device_count
 
     wants = _option(argv, "--device") == "cuda" or float(_option(argv, "--gpus-per-client") or 0) > 0
     return wants and cuda_device_count() == 0
@@ -131,8 +131,9 @@ def test_every_documented_command_passes_a_dry_run(
     command: Command, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from deploy.run_local import main as deploy_main
+    from fedapp.launch.options import parse_set_options
+    from fedapp.launch.resolve import build_overrides
     from simulation.__main__ import _parser, main
-    from simulation.runner import build_overrides, parse_set_options
 
     monkeypatch.chdir(ROOT)
     argv = command.argv

@@ -18,8 +18,9 @@ import clients.fstc
 import fedapp.privacy.dp
 from clients.fstc import dp_centre_statistics, private_model
 from fedapp.config.run import parse_run_config
+from fedapp.launch.resolve import build_overrides
 from fedapp.privacy.dp import UNITS, clip_joint, clip_rows, epsilon_spent, planned_releases, private_update
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 DP = {"dp.epsilon": 2.0, "dp.delta": 1e-5}
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from simulation.runner import build_overrides, execute
+from fedapp.launch.resolve import build_overrides
+from simulation.runner import execute
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -66,14 +67,14 @@ def test_secure_loopback_deployment_tls_auth_refuses_an_unregistered_node(tmp_pa
 
 
 def _tokened(token: str) -> list[int]:
-    from simulation.processes import processes_with_token
+    from fedapp.launch.processes import processes_with_token
 
     return [pid for pid in processes_with_token(token) if not _is_gone(pid)]
 
 
 def _run_token(pid: int) -> str | None:
     """The FEDAPP_RUN_TOKEN of any descendant of `pid` (the runner's Flower processes carry it)."""
-    from simulation.processes import RUN_TOKEN_ENV
+    from fedapp.launch.processes import RUN_TOKEN_ENV
 
     for child in Path("/proc").glob("[0-9]*"):
         try:

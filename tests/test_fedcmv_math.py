@@ -10,7 +10,7 @@ from threadpoolctl import threadpool_limits
 
 from clients import fedcmv as client
 from fedapp.methods.fedcmv import choose_initial_samples
-from simulation.cefmc.reference import run_vertical_cmeans
+from simulation.papers.cefmc.reference import run_vertical_cmeans
 from strategies import fedcmv as server
 
 

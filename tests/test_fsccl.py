@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from clients.fsccl import clustering_kl, dec_targets, instance_contrastive_loss
-from simulation.runner import build_overrides, execute
+from fedapp.launch.resolve import build_overrides
+from simulation.runner import execute
 
 
 def test_instance_contrastive_loss_matches_the_textbook_nt_xent() -> None:

@@ -20,6 +20,7 @@ from flwr.common import Context, RecordDict
 import clients.fstc
 from clients.fstc import FSTCClient
 from fedapp.config.run import ConfigError, parse_run_config
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.clustering import nearest_centre
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.neural.glue import state_arrays
@@ -27,7 +28,7 @@ from fedapp.privacy.dp import REPORT_RELEASES, planned_releases, privacy_summary
 from fedapp.report.assignments import read_assignments
 from fedapp.report.model_store import read_model
 from simulation.predict import predict
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from strategies.fstc import FSTCStrategy
 from tests.own_files import write_text_sites
 

@@ -15,11 +15,12 @@ from flwr.common import Context, RecordDict
 
 from clients.fstc import FSTCClient
 from fedapp.config.run import parse_run_config
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.fstc import initial_centres
 from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fstc import fstc_model
 from fedapp.neural.glue import state_arrays, state_schema
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 QUICK = {"fstc.local-iters": 20, "fstc.batch-size": 50, "fstc.warmup-iters": 10, "fstc.label-updates": 4}
 
@@ -206,7 +207,7 @@ def test_the_runner_gives_fstc_its_41_rounds_unless_told(tmp_path: Path) -> None
 
 def test_frozen_reference_trains_and_reports_both_clusterings(capsys: pytest.CaptureFixture[str]) -> None:
     """The centralized ceiling of frozen mode runs on the demo topics and keeps them apart."""
-    from simulation.fstc.frozen_reference import main
+    from simulation.papers.fstc.frozen_reference import main
 
     assert (
         main(["--dataset", "texts-demo", "--steps", "40", "--update-every", "20", "--batch-size", "32"]) == 0
@@ -219,7 +220,7 @@ def test_frozen_reference_trains_and_reports_both_clusterings(capsys: pytest.Cap
 
 
 def test_neighbour_purity_equals_a_brute_force_count() -> None:
-    from simulation.fstc.frozen_reference import neighbour_purity
+    from simulation.papers.fstc.frozen_reference import neighbour_purity
 
     rng = np.random.default_rng(3)
     points = rng.normal(size=(70, 5))
@@ -234,7 +235,7 @@ def test_neighbour_purity_equals_a_brute_force_count() -> None:
 
 
 def test_frozen_reference_prints_neighbour_purity(capsys: pytest.CaptureFixture[str]) -> None:
-    from simulation.fstc.frozen_reference import main
+    from simulation.papers.fstc.frozen_reference import main
 
     assert main(["--dataset", "texts-demo", "--purity", "5", "1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -259,7 +260,7 @@ def test_frozen_reference_rejects_bad_input_in_one_line(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from simulation.fstc.frozen_reference import main
+    from simulation.papers.fstc.frozen_reference import main
 
     monkeypatch.setenv("FEDAPP_DATA_DIR", str(tmp_path))  # a data directory exists even without ../shared
 
@@ -270,7 +271,7 @@ def test_frozen_reference_rejects_bad_input_in_one_line(
 
 
 def test_tsne_figure_is_drawn_from_both_federations(tmp_path: Path) -> None:
-    from simulation.fstc.tsne import main as tsne_main
+    from simulation.papers.fstc.tsne import main as tsne_main
 
     out = tmp_path / "tsne.png"
     tsne_main(
@@ -280,7 +281,7 @@ def test_tsne_figure_is_drawn_from_both_federations(tmp_path: Path) -> None:
 
 
 def test_tsne_rejects_bad_input_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from simulation.fstc.tsne import main as tsne_main
+    from simulation.papers.fstc.tsne import main as tsne_main
 
     with pytest.raises(SystemExit) as stop:
         tsne_main(["--dataset", "texts-demo", "--sample", "100000"])

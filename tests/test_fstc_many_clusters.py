@@ -34,7 +34,8 @@ def long_tail_texts(path: Path, seed: int = 0) -> int:
 
 @pytest.mark.usefixtures("text_embedding_cache")
 def test_a_hundred_long_tailed_clusters_on_four_clients_run_and_say_what_degraded(tmp_path: Path) -> None:
-    from simulation.runner import build_overrides, execute
+    from fedapp.launch.resolve import build_overrides
+    from simulation.runner import execute
 
     n = long_tail_texts(tmp_path / "longtail.csv")
     quick = {"fstc.local-iters": 10, "fstc.batch-size": 50, "fstc.warmup-iters": 5, "fstc.label-updates": 2}

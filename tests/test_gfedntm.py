@@ -15,6 +15,7 @@ from flwr.server.client_proxy import ClientProxy
 from fedapp.config.run import parse_run_config
 from fedapp.datasets.partition import PartitionError, partition_indices
 from fedapp.datasets.synthetic import SyntheticLDASpec, generate
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.gfedntm import EpochSplit, TopicModelError, steps_per_epoch
 from fedapp.methods.gfedntm import PHASE_TRAIN, PHASE_VOCABULARY
 from fedapp.metrics.topics import (
@@ -26,7 +27,7 @@ from fedapp.metrics.topics import (
 )
 from fedapp.models.gfedntm import GroupBatchNorm1d
 from fedapp.neural.glue import FINGERPRINT_KEY, state_arrays, state_schema
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from strategies.gfedntm import GFedNTMStrategy, weighted_gradient
 from tests.flower_mocks import mock_proxy
 

@@ -22,7 +22,7 @@ from fedapp.app.client_app import client_fn
 from fedapp.app.inprocess import InProcessClientProxy
 from fedapp.app.server_app import server_fn
 from fedapp.app.server_loop import FedappServer
-from simulation.runner import build_overrides
+from fedapp.launch.resolve import build_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 

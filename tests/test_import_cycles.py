@@ -1,4 +1,5 @@
-"""No import cycles inside fedapp/, except a package's `__init__` with its own submodules.
+"""No import cycles in or between the top-level packages (simulation/, deploy/, strategies/, clients/,
+fedapp/), except a package's `__init__` with its own submodules.
 
 Every import counts: module-level, function-level and `TYPE_CHECKING` ones. A package that imports its
 submodules while a submodule imports a sibling through the package is the normal shape of a package; any
@@ -13,19 +14,20 @@ from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "fedapp"
+PACKAGES = ("simulation", "deploy", "strategies", "clients", "fedapp")
 
 Graph = dict[str, set[str]]
 
 
-def module_files(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of `package` (a package is named by its `__init__`)."""
+def module_files(root: Path = ROOT, packages: Iterable[str] = PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of `packages` (a package is named by its `__init__`)."""
     modules = {}
-    for path in sorted((root / package).rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        modules[".".join(parts)] = path
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
     return modules
 
 
@@ -52,8 +54,9 @@ def imported_modules(module: str, source: str, modules: dict[str, Path]) -> set[
     return {name for name in found if name in modules and name != module}
 
 
-def import_graph(root: Path = ROOT, package: str = PACKAGE) -> Graph:
-    modules = module_files(root, package)
+def import_graph(root: Path = ROOT, packages: Iterable[str] = PACKAGES) -> Graph:
+    """Module -> the modules it imports, over all of `packages` together (so cycles between them show)."""
+    modules = module_files(root, packages)
     return {name: imported_modules(name, path.read_text(), modules) for name, path in modules.items()}
 
 
@@ -144,9 +147,11 @@ def forbidden_cycles(graph: Graph, nodes: Iterable[str] | None = None) -> list[l
     return cycles
 
 
-def test_fedapp_has_no_import_cycles() -> None:
-    cycles = forbidden_cycles(import_graph())
-    assert not cycles, "import cycles in fedapp/: " + "; ".join(" -> ".join(c) for c in cycles)
+def test_no_import_cycles_in_or_between_the_packages() -> None:
+    graph = import_graph()
+    assert {name.split(".")[0] for name in graph} == set(PACKAGES)
+    cycles = forbidden_cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
 def write_modules(root: Path, files: dict[str, str]) -> None:
@@ -169,14 +174,29 @@ def test_the_check_sees_function_level_cycles_and_allows_package_ones(tmp_path: 
             "pkg/methods/base.py": "",
         },
     )
-    graph = import_graph(tmp_path, "pkg")
+    graph = import_graph(tmp_path, ["pkg"])
     assert graph["pkg.data.registry"] == {"pkg.data.texts", "pkg.methods"}
     assert graph["pkg.methods"] == {"pkg.methods.ccfc"}
     assert graph["pkg.methods.ccfc"] == {"pkg.methods.base"}
     assert forbidden_cycles(graph) == [["pkg.data.registry", "pkg.data.texts", "pkg.data.registry"]]
     write_modules(tmp_path, {"pkg/data/texts.py": "", "pkg/methods/base.py": "import pkg.methods\n"})
-    assert forbidden_cycles(import_graph(tmp_path, "pkg")) == []  # package <-> its submodules only
+    assert forbidden_cycles(import_graph(tmp_path, ["pkg"])) == []  # package <-> its submodules only
     write_modules(tmp_path, {"pkg/methods/base.py": "from pkg.data import registry\n"})
-    assert forbidden_cycles(import_graph(tmp_path, "pkg")) == [
+    assert forbidden_cycles(import_graph(tmp_path, ["pkg"])) == [
         ["pkg.data.registry", "pkg.methods", "pkg.methods.ccfc", "pkg.methods.base", "pkg.data.registry"]
     ]
+
+
+def test_the_check_sees_a_cycle_between_two_packages(tmp_path: Path) -> None:
+    """A hidden circle like the one deploy/ and simulation/ once had: one side imports inside a function."""
+    write_modules(
+        tmp_path,
+        {
+            "app/__init__.py": "",
+            "app/cli.py": "def deploy():\n    from ops.local import main\n",
+            "ops/__init__.py": "",
+            "ops/local.py": "from app.cli import deploy\n",
+        },
+    )
+    assert forbidden_cycles(import_graph(tmp_path, ["app", "ops"])) == [["app.cli", "ops.local", "app.cli"]]
+    assert forbidden_cycles(import_graph(tmp_path, ["ops"])) == []  # one package alone cannot see it

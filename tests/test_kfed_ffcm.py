@@ -15,11 +15,12 @@ from fedapp.app.inprocess import run_inprocess
 from fedapp.app.server_app import server_fn
 from fedapp.config.run import parse_run_config
 from fedapp.datasets.local import load_run_dataset
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.clustering import nearest_centre
 from fedapp.methods.ffcm import FFCMConfig
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, PrivacyFloorError, merge_small_clusters
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from strategies.ffcm import centres_from_sums
 
 NMI_TOLERANCE = 0.05  # acceptance: federated NMI within this of centralized k-means on the same data

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from simulation.processes import RUN_TOKEN_ENV, processes_with_token
+from fedapp.launch.processes import RUN_TOKEN_ENV, processes_with_token
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -1,4 +1,6 @@
-"""Import rules of the layout: clients/ and strategies/ never import each other; fedapp/ imports neither."""
+"""Import rules of the layout, between every top-level package: `simulation/` -> `deploy/` -> `strategies/`,
+`clients/` -> `fedapp/`, one way. clients/ and strategies/ never import each other; fedapp/ imports none of
+them; deploy/ never imports simulation/ (what both need lives in fedapp/launch/)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = {"fedapp": {"clients", "strategies"}, "strategies": {"clients"}, "clients": {"strategies"}}
+ALLOWED = {  # package -> the other top-level packages it may import
+    "simulation": {"deploy", "strategies", "clients", "fedapp"},
+    "deploy": {"strategies", "clients", "fedapp"},
+    "strategies": {"fedapp"},
+    "clients": {"fedapp"},
+    "fedapp": set(),
+}
+FORBIDDEN = {package: set(ALLOWED) - allowed - {package} for package, allowed in ALLOWED.items()}
 
 
 def imported_packages(source: str) -> set[str]:
@@ -33,6 +42,21 @@ def test_no_forbidden_imports(package: str) -> None:
     }
     offenders = {name: bad for name, bad in offenders.items() if bad}
     assert not offenders, f"{package}/ must not import {sorted(FORBIDDEN[package])}: {offenders}"
+
+
+def test_the_allowed_directions_form_no_circle() -> None:
+    """Each package may import only packages below it: a topological order of ALLOWED exists."""
+    remaining = dict(ALLOWED)
+    while remaining:
+        leaves = [package for package, allowed in remaining.items() if not allowed & set(remaining)]
+        assert leaves, f"the allowed imports of {sorted(remaining)} go round in a circle"
+        for package in leaves:
+            del remaining[package]
+
+
+def test_every_top_level_package_is_ruled() -> None:
+    packages = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert packages == set(ALLOWED), f"top-level packages without import rules: {packages - set(ALLOWED)}"
 
 
 def test_the_walker_sees_function_local_and_dotted_imports() -> None:

@@ -15,11 +15,12 @@ from PIL import Image
 from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score
 
 from fedapp.datasets import load_dataset
+from fedapp.launch.resolve import build_overrides
 from fedapp.metrics.contingency import clustering_metrics, contingency_table
 from fedapp.report.assignments import read_assignments
 from simulation.__main__ import main
 from simulation.predict import predict
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from tests.own_files import write_text_sites
 from tests.synthetic_images import class_images
 
@@ -310,3 +311,25 @@ def test_bad_text_and_image_files_are_refused_in_one_line(
         "--clients", "1", "--set", "k=2",
     )  # fmt: skip
     assert "broken.png" in err
+
+
+def test_the_client_app_merges_a_nodes_settings_into_one_run_config() -> None:
+    """A node's settings reach its clients through the one config the ClientApp builds: its own file and
+    columns win, its floor can raise the run's but never lower it, and the run's dataset stays known."""
+    from fedapp.app.client_app import node_run_config
+    from fedapp.datasets.local import owns_file
+    from fedapp.privacy.floor import PrivacyFloorError
+
+    run = {"method": "kfed", "dataset": "csv:/data/site-{partition-id}.csv", "min-cluster-size": 8}
+    node = {"partition-id": 1, "num-partitions": 3, "dataset": "csv:/here/site-1.csv", "id-column": "key"}
+    cfg = node_run_config(run, {**node, "node-out-dir": "/here/out", "min-cluster-size": 20})
+    assert (cfg.dataset, cfg.id_column, cfg.node_out_dir) == ("csv:/here/site-1.csv", "key", "/here/out")
+    assert cfg.node.own_file and owns_file(cfg) and cfg.node.run_dataset == run["dataset"]
+    assert cfg.min_cluster_size == 20  # the node's floor holds against the run's
+    raised = node_run_config({**run, "min-cluster-size": 50}, {**node, "min-cluster-size": 20})
+    assert raised.min_cluster_size == 50  # the run config may raise it
+    assert node_run_config({**run, "min-cluster-size": 1}, node).min_cluster_size == 5  # the client's default
+    shared = node_run_config({"method": "kfed", "dataset": "digits"}, {"partition-id": 0})
+    assert not shared.node.own_file and not owns_file(shared)
+    with pytest.raises(PrivacyFloorError, match="not an integer"):
+        node_run_config(run, {**node, "min-cluster-size": "many"})

@@ -19,12 +19,13 @@ from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, parameters_to_
 import fedapp.app.inprocess as inprocess
 from fedapp.config.run import parse_run_config
 from fedapp.datasets.local import load_run_dataset, local_partition
+from fedapp.launch.resolve import build_overrides
 from fedapp.methods import METHODS
 from fedapp.metrics.contingency import decode_table
 from fedapp.metrics.label_free import decode_cluster_sums, decode_distance_sums
 from fedapp.report.stages import DISTANCES_KEY, REPORT_KEY, SIZES_KEY, STAGE_ASSIGN, SUMS_KEY, TERMS_KEY
 from fedapp.wire import decode_array
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 # A short, cheap run per federated method (add one for every new method: the test fails without it).
 # Sizes are chosen so that no model dimension equals a client's sample count by accident.

@@ -16,8 +16,9 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from fedapp.app.server_loop import FedappServer
 from fedapp.config.run import parse_run_config
+from fedapp.launch.resolve import build_overrides
 from fedapp.report.records import EXIT_CODES, exit_code
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from strategies.ffcm import FFCMStrategy
 from strategies.kfed import KFedStrategy
 from tests.flower_mocks import mock_manager, mock_proxy

@@ -16,6 +16,7 @@ from flwr.common import Code, Context, EvaluateRes, RecordDict, Status
 import clients.base
 from clients.kfed import KFedClient
 from fedapp.config.run import parse_run_config
+from fedapp.launch.resolve import build_overrides
 from fedapp.metrics.label_free import encode_arrays
 from fedapp.privacy.dp import (
     REPORT_RELEASES,
@@ -25,7 +26,7 @@ from fedapp.privacy.dp import (
     sum_count_sensitivity,
 )
 from fedapp.report.stages import NOISY_KEY, STAGE_ASSIGN, STAGE_DISTANCES
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from strategies.kfed import KFedStrategy
 from tests.flower_mocks import mock_proxy
 

@@ -19,6 +19,7 @@ from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_p
 from clients.ffcm import FFCMClient
 from fedapp.app.server_loop import WIRE_BYTES_FILE
 from fedapp.config.run import parse_run_config
+from fedapp.launch.resolve import build_overrides
 from fedapp.metrics.label_free import (
     ClusterSums,
     cluster_sums,
@@ -46,7 +47,7 @@ from fedapp.report.stages import (
     secure_assign_arrays,
     secure_distance_arrays,
 )
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from strategies.ffcm import FFCMStrategy
 from tests.flower_mocks import mock_proxy
 from tests.test_secagg import CLIP, FSTC_SECURE_KEYS, MAX_WEIGHT, secagg_average

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from fedapp.config.run import ConfigError, parse_run_config
+from fedapp.launch.options import ClientResources
+from fedapp.launch.presets import apply_preset, available_presets, load_preset
+from fedapp.launch.processes import run_filtered
 from fedapp.methods import METHODS
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.report.records import PROGRESS_MARKER
 from simulation.listing import describe_methods, render_config_toml
-from simulation.presets import apply_preset, available_presets, load_preset
-from simulation.processes import run_filtered
-from simulation.runner import ClientResources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def test_preset_errors() -> None:
 
 
 def test_a_preset_extends_another_and_states_only_what_it_changes(tmp_path: Path, monkeypatch) -> None:
-    import simulation.presets as presets
+    import fedapp.launch.presets as presets
 
     (tmp_path / "base.toml").write_text(
         '[preset]\nmethod = "cefmc"\ndescription = "b"\n'

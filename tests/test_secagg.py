@@ -23,6 +23,7 @@ from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
 from fedapp.app.server_loop import WIRE_BYTES_FILE, CountingGrid
 from fedapp.config.run import parse_run_config
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.clustering import centres_from_moments
 from fedapp.maths.fstc import aggregate_centres
 from fedapp.privacy.secagg import (
@@ -40,7 +41,7 @@ from fedapp.privacy.secagg import (
     sum_tolerance,
 )
 from fedapp.wire import ArraySpec, ReplyError
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 from strategies.fstc import FSTCStrategy, centres_from_totals
 from tests.flower_mocks import mock_proxy
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedapp.launch.resolve import build_overrides
 from fedapp.maths.fstc import site_skew
-from simulation.runner import build_overrides, execute
+from simulation.runner import execute
 
 QUICK = {"fstc.local-iters": 5, "fstc.batch-size": 32, "fstc.warmup-iters": 2, "fstc.label-updates": 1}
 

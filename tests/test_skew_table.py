@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from simulation.fstc.skew_table import main, render, rule_tally
+from simulation.papers.fstc.skew_table import main, render, rule_tally
 
 
 def runs(*nmis: float) -> list[dict[str, float]]:

@@ -14,7 +14,8 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 
 from fedapp.config.run import parse_run_config
 from fedapp.features.bow import document_frequencies
-from simulation.runner import build_overrides, execute
+from fedapp.launch.resolve import build_overrides
+from simulation.runner import execute
 from strategies.textkfed import BagOfWordsKFedStrategy, TfIdfKFedStrategy
 from tests.flower_mocks import mock_manager, mock_proxy
 

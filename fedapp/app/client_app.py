@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,19 +16,14 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from fedapp.app.checkpoint import checkpoint_dir
 from fedapp.app.managed_client import ManagedClient
-from fedapp.config.run import ConfigError, RunConfig, parse_run_config
+from fedapp.config.run import ConfigError, NodeSettings, RunConfig, parse_run_config
 from fedapp.methods import load_class, method_spec
+from fedapp.privacy.floor import min_cluster_size
 from fedapp.report.records import default_out_dir
-
-
-@lru_cache(maxsize=8)
-def _parsed(run_config: tuple[tuple[str, Any], ...]) -> RunConfig:
-    """A process hosts many virtual clients of one run, each message rebuilding its client: parse once."""
-    return parse_run_config(dict(run_config))
-
 
 # Keys a SuperNode may set in its own node config, overriding the run config for that node only: its own
 # data file and columns (deployment: the file is on the node's machine), where it writes, its id secret.
+# Its `min-cluster-size` is merged apart: it can raise the privacy floor, never lower it.
 NODE_KEYS = (
     "dataset",
     "data-dir",
@@ -38,15 +34,31 @@ NODE_KEYS = (
     "node-out-dir",
     "id-key",
 )
+FLOOR_KEY = "min-cluster-size"
 
 
-def node_run_config(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config as this node sees it: NODE_KEYS from its node config win."""
-    return {**run_config, **{key: node_config[key] for key in NODE_KEYS if key in node_config}}
+def node_run_config(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> RunConfig:
+    """The run as this node sees it, merged and parsed once: NODE_KEYS from its node config win, the
+    floor is max(client default, node's, run config's) (`fedapp.privacy.floor`), and a `dataset` of its own
+    means it reads that file whole. Clients read their settings from this config alone."""
+    settings = {key: node_config[key] for key in (*NODE_KEYS, FLOOR_KEY) if key in node_config}
+    return _node_view(tuple(sorted(run_config.items())), tuple(sorted(settings.items())))
+
+
+@lru_cache(maxsize=8)
+def _node_view(run_items: tuple[tuple[str, Any], ...], node_items: tuple[tuple[str, Any], ...]) -> RunConfig:
+    """A process hosts many virtual clients of one run, each message rebuilding its client: merge once
+    (keyed by the node's settings, not its identity, so that they all share it)."""
+    run_config, settings = dict(run_items), dict(node_items)
+    own = {key: settings[key] for key in NODE_KEYS if key in settings}
+    cfg = parse_run_config({**run_config, **own})
+    floor = min_cluster_size(cfg.min_cluster_size, settings)
+    node = NodeSettings(own_file="dataset" in own, run_dataset=str(run_config.get("dataset", "")))
+    return replace(cfg.with_keys({FLOOR_KEY: floor}), node=node)
 
 
 def client_fn(context: Context) -> Client:
-    cfg = _parsed(tuple(sorted(node_run_config(context.run_config, context.node_config).items())))
+    cfg = node_run_config(context.run_config, context.node_config)
     spec = method_spec(cfg.method)
     if spec.client is None:
         raise ConfigError(f"method '{cfg.method}' has no federated client")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedapp.app.checkpoint import checkpoint_dir
 from fedapp.config.run import ConfigError, RunConfig
-from fedapp.datasets import Dataset, DatasetError, has_placeholder, is_source_spec
+from fedapp.datasets import Dataset, DatasetError, has_placeholder
 from fedapp.datasets.local import load_run_dataset, views_of
 from fedapp.datasets.partition import partition_indices
 from fedapp.methods import method_spec
@@ -40,7 +40,7 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
             f"resume=true but there is no checkpoint in {checkpoint_dir(cfg, Path(cfg.out_dir))} "
             "(the first run needs checkpoint-every > 0)"
         )
-    if is_source_spec(cfg.dataset) and has_placeholder(cfg.dataset):
+    if cfg.own_data and has_placeholder(cfg.dataset):
         check_own_files(cfg, num_clients)
         return
     data = load_run_dataset(cfg)  # reads and parses every file: a corrupt one fails here

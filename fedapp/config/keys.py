@@ -19,7 +19,7 @@ import functools
 import math
 import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Self
 
 
@@ -148,6 +148,15 @@ class ConfigSection:
             for name, spec in specs.items()
         }
         return cls(**values, **extra)
+
+    def with_keys(self, changes: Mapping[str, Any]) -> Self:
+        """This section with some keys (Flower names) changed, each checked as `parse` checks it: a value
+        derived from a parsed config (an absolute path, a default count) without parsing it all again."""
+        specs = {spec.name: spec for spec in self.key_specs()}
+        unknown = sorted(set(changes) - set(specs))
+        if unknown:
+            raise ConfigError(unknown_key_message(unknown[0], specs))
+        return replace(self, **{specs[name].attr: specs[name].coerce(v, name) for name, v in changes.items()})
 
     def to_flower(self, prefix: str = "") -> dict[str, Any]:
         """Flower key -> value, as `flwr run --run-config` would take it."""

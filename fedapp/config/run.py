@@ -14,7 +14,8 @@ process starts (in the runner and the deploy script) and again in `server_fn` be
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from fedapp.privacy.dp import DP_METHODS, DPConfig
 
 __all__ = [
     "ConfigError",
+    "NodeSettings",
     "RunConfig",
     "config_sections",
     "default_run_config",
@@ -39,6 +41,15 @@ DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 Section = TypeVar("Section", bound=ConfigSection)
 DP_TABLE = "dp"  # [tool.flwr.app.config.dp]: differential privacy, any method in fedapp.privacy.dp.DP_METHODS
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a SuperNode's own config changed in its view of the run, merged once by the ClientApp
+    (`fedapp.app.client_app.node_run_config`); the defaults describe a node that changed nothing."""
+
+    own_file: bool = False  # its node config named its data file: it reads that file whole, nothing else
+    run_dataset: str = ""  # the run config's `dataset`, the same on every party whatever a node reads
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,15 @@ class RunConfig(ConfigSection):
     )
     method_config: ConfigSection | None = field(default=None, compare=True)
     dp: DPConfig = field(default_factory=DPConfig, compare=True)
+    node: NodeSettings = field(default_factory=NodeSettings, compare=True)
+
+    @cached_property
+    def own_data(self) -> bool:
+        """Whether `dataset` is a user's own file(s) (a source spec) rather than a registered name: asked
+        of the config (once per config) by every check and loader of the run."""
+        from fedapp.datasets import is_source_spec
+
+        return is_source_spec(self.dataset)
 
     @property
     def evaluation_interval(self) -> int:
@@ -211,9 +231,9 @@ def parse_run_config(overrides: Mapping[str, Any] | None = None, *, cross_checks
                 f"run-config '{key}' belongs to method {' / '.join(owners)}, but the method is '{method}'"
             )
     method_config = spec.config.parse(own, own_table) if spec.config is not None else None
+    if common.get("partition", "auto") == "auto":
+        common["partition"] = "vertical" if spec.vertical else "iid"
     cfg = RunConfig.parse(common, method_config=method_config, dp=DPConfig.parse(dp, DP_TABLE))
-    if cfg.partition == "auto":
-        cfg = replace(cfg, partition="vertical" if spec.vertical else "iid")
     if cross_checks:
         _validate(cfg)
     return cfg
@@ -257,9 +277,9 @@ def _validate_dp(cfg: RunConfig) -> None:
 
 def _validate_dataset(cfg: RunConfig) -> None:
     """The dataset exists and is of a kind the method can run on (files are checked by the runner)."""
-    from fedapp.datasets import MAT_PREFIX, available_datasets, dataset_info, is_source_spec
+    from fedapp.datasets import MAT_PREFIX, available_datasets, dataset_info
 
-    if is_source_spec(cfg.dataset):
+    if cfg.own_data:
         _validate_source(cfg)
         return
     if cfg.dataset.startswith(MAT_PREFIX):

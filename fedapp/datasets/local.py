@@ -24,7 +24,6 @@ from fedapp.datasets import (
     Dataset,
     DatasetError,
     has_placeholder,
-    is_source_spec,
     load_dataset,
     resolve_data_dir,
 )
@@ -113,7 +112,7 @@ def expected_kind(method: str) -> str | None:
 def load_run_dataset(cfg: RunConfig, partition_id: int | None = None) -> Dataset:
     """The dataset named by the run config (cached by the data registry); for a spec with a
     `{partition-id}`, client `partition_id`'s file."""
-    if is_source_spec(cfg.dataset):
+    if cfg.own_data:
         data = load_dataset(
             cfg.dataset,
             seed=cfg.seed,
@@ -147,9 +146,10 @@ def check_kind(data: Dataset, cfg: RunConfig) -> None:
         )
 
 
-def owns_file(cfg: RunConfig, node_dataset: bool) -> bool:
-    """Whether a client reads a whole file of its own instead of a partition of a shared dataset."""
-    return node_dataset or (is_source_spec(cfg.dataset) and has_placeholder(cfg.dataset))
+def owns_file(cfg: RunConfig) -> bool:
+    """Whether a client reads a whole file of its own instead of a partition of a shared dataset: its node
+    config named one, or the spec has a `{partition-id}`."""
+    return cfg.node.own_file or (cfg.own_data and has_placeholder(cfg.dataset))
 
 
 def own_file(cfg: RunConfig, partition_id: int) -> LocalData:
@@ -161,7 +161,7 @@ def own_file(cfg: RunConfig, partition_id: int) -> LocalData:
 def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
     """This client's horizontal partition (vector features: a multi-view set's views concatenated),
     scaled by the client on its own rows per `cfg.scaling` ("none" keeps the dataset's arrays as they are)."""
-    if is_source_spec(cfg.dataset):
+    if cfg.own_data:
         data = load_run_dataset(cfg)
         parts = _parts_of(data, num_partitions, cfg.partition, cfg.seed, cfg.p, cfg.ratio, cfg.alpha)
         return LocalData(data, parts[partition_id], cfg.scaling)

@@ -163,7 +163,7 @@ METHODS: dict[str, MethodSpec] = {
         ),
         MethodSpec(
             "bench-echo",
-            "round-cost floor: clients echo a fixed payload, no maths (simulation.bench_rounds)",
+            "round-cost floor: clients echo a fixed payload, no maths (simulation.bench.rounds)",
             "strategies.bench_echo:EchoStrategy",
             "clients.bench_echo:EchoClient",
             config=EchoConfig,

@@ -1,5 +1,5 @@
 """`bench-echo`: the round-cost floor. Clients echo a fixed payload and the server does no maths, so a
-round costs what Flower's runtime and our glue cost for that many bytes (simulation/bench_rounds.py)."""
+round costs what Flower's runtime and our glue cost for that many bytes (simulation/bench/rounds.py)."""
 
 from __future__ import annotations
 

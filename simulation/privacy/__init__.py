@@ -1,1 +1,0 @@
-"""Privacy-utility experiments: FFCM and k-FED under differential privacy (`fedapp.privacy.dp`)."""
