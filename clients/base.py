@@ -24,10 +24,6 @@ from fedapp.metrics.label_free import (
     cluster_sums,
     cluster_term_counts,
     distance_sums,
-    encode_arrays,
-    encode_cluster_sums,
-    encode_distance_sums,
-    encode_term_counts,
 )
 from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, aligned_rows, hash_ids, run_key
 from fedapp.privacy.dp import (
@@ -59,6 +55,10 @@ from fedapp.report.stages import (
     TABLE_KEY,
     TERMS_KEY,
     Assignment,
+    encode_cluster_sums,
+    encode_distance_sums,
+    encode_noisy,
+    encode_term_counts,
     secure_assign_arrays,
     secure_distance_arrays,
 )
@@ -282,14 +282,14 @@ class ClusteringClient(NumPyClient):
         kept = {"labels": result.labels.astype(np.int64)}
         if result.space is None:
             (noisy_sizes,) = gaussian_mechanism([sizes], 1.0, z, rng)
-            metrics[NOISY_KEY] = encode_arrays(sizes=noisy_sizes)
+            metrics[NOISY_KEY] = encode_noisy(sizes=noisy_sizes)
         else:
             kept["space"] = clip_rows(result.space, dp.clip)
             sums = cluster_sums(kept["space"], kept["labels"], self.k).sums
             noisy_sizes, noisy_sums = gaussian_mechanism(
                 [sizes, sums], sum_count_sensitivity(dp.clip), z, rng
             )
-            metrics[NOISY_KEY] = encode_arrays(sizes=noisy_sizes, sums=noisy_sums)
+            metrics[NOISY_KEY] = encode_noisy(sizes=noisy_sizes, sums=noisy_sums)
         self.keep_report_state(kept)
         return 0.0, 0, metrics
 
@@ -314,7 +314,7 @@ class ClusteringClient(NumPyClient):
             z,
             secret_rng(dp, self.partition_id, made),
         )
-        blob = encode_arrays(
+        blob = encode_noisy(
             **dict(zip(("distance_sums", "squared_sums", "silhouette_sum"), noisy, strict=True))
         )
         return 0.0, 0, {**self.identity_metrics(), NOISY_KEY: blob, RELEASES_KEY: made}

@@ -45,10 +45,6 @@ from fedapp.metrics.label_free import (
     approximate_cluster_sums,
     approximate_distance_sums,
     ctfidf_keywords,
-    decode_arrays,
-    decode_cluster_sums,
-    decode_distance_sums,
-    decode_term_counts,
     label_free_metrics,
     merge_cluster_sums,
     merge_distance_sums,
@@ -65,6 +61,7 @@ from fedapp.report.stages import (
     NOISY_ASSIGN,
     NOISY_DISTANCES,
     NOISY_KEY,
+    NOISY_SIZES,
     REPORT_KEY,
     ROWS_KEY,
     SCALE_KEY,
@@ -78,9 +75,13 @@ from fedapp.report.stages import (
     SUMS_KEY,
     TERMS_KEY,
     assign_from_totals,
+    decode_cluster_sums,
+    decode_distance_sums,
+    decode_noisy,
+    decode_term_counts,
     distances_from_totals,
 )
-from fedapp.wire import decode_array
+from fedapp.wire import ReplyError, decode_array
 from strategies.replies import describe_failure
 
 KEYWORDS = 10  # keywords kept per cluster
@@ -334,13 +335,11 @@ class ReportingStrategy:
             clients[partition] = client
             if NOISY_KEY not in res.metrics:
                 continue
-            try:
-                blob = res.metrics[NOISY_KEY]
-                try:
-                    parts.append(decode_arrays(blob, NOISY_ASSIGN, "noisy statistics"))  # type: ignore[arg-type]
-                except LabelFreeError:  # a method without a metric space sends only its sizes
-                    parts.append(decode_arrays(blob, {"sizes"}, "noisy statistics"))  # type: ignore[arg-type]
-            except LabelFreeError as exc:
+            try:  # a method without a metric space sends only its sizes
+                parts.append(
+                    decode_noisy(res.metrics[NOISY_KEY], "noisy statistics", NOISY_ASSIGN, NOISY_SIZES)
+                )
+            except ReplyError as exc:
                 rejected.append(client.cid)
                 log(WARNING, "final report: rejected client %s: %s", client.cid, exc)
         if rejected:
@@ -369,8 +368,8 @@ class ReportingStrategy:
         parts = []
         for client, res in results:
             try:
-                parts.append(decode_arrays(res.metrics.get(NOISY_KEY), NOISY_DISTANCES, "noisy distances"))  # type: ignore[arg-type]
-            except LabelFreeError as exc:
+                parts.append(decode_noisy(res.metrics.get(NOISY_KEY), "noisy distances", NOISY_DISTANCES))
+            except ReplyError as exc:
                 log(WARNING, "final report: rejected distances of client %s: %s", client.cid, exc)
         if len(parts) != len(self._report_clients):
             log(

@@ -16,7 +16,6 @@ from flwr.common import Code, Context, EvaluateRes, RecordDict, Status
 import clients.base
 from clients.kfed import KFedClient
 from fedapp.config.run import parse_run_config
-from fedapp.metrics.label_free import encode_arrays
 from fedapp.privacy.dp import (
     REPORT_RELEASES,
     STATE_KEY,
@@ -24,7 +23,7 @@ from fedapp.privacy.dp import (
     distance_sensitivity,
     sum_count_sensitivity,
 )
-from fedapp.report.stages import NOISY_KEY, STAGE_ASSIGN, STAGE_DISTANCES
+from fedapp.report.stages import NOISY_KEY, STAGE_ASSIGN, STAGE_DISTANCES, encode_noisy
 from simulation.runner import build_overrides, execute
 from strategies.kfed import KFedStrategy
 from tests.flower_mocks import mock_proxy
@@ -105,11 +104,11 @@ def test_strategy_clamps_nonsense_noisy_totals(tmp_path: Path) -> None:
     sums = [np.array([[5.0, -1.0], [3.0, 2.0], [9.0, 9.0]]), np.array([[1.0, 1.0], [-2.0, 0.5], [1.0, 1.0]])]
     results = [
         (mock_proxy(f"c{i}"), EvaluateRes(Status(Code.OK, ""), 0.0, 0, {"partition-id": i, NOISY_KEY: blob}))
-        for i, blob in enumerate(encode_arrays(sizes=s, sums=m) for s, m in zip(sizes, sums, strict=True))
+        for i, blob in enumerate(encode_noisy(sizes=s, sums=m) for s, m in zip(sizes, sums, strict=True))
     ]
     assert strategy.aggregate_report(STAGE_ASSIGN, results, [])
     assert strategy.report["cluster_sizes"] == [0, 42, 10]
-    noisy = encode_arrays(
+    noisy = encode_noisy(
         distance_sums=np.array([3.0, -50.0, 2.0]),
         squared_sums=np.array([1.0, 8.0, -1.0]),
         silhouette_sum=99.0,
