@@ -106,8 +106,8 @@ def test_strategy_clamps_nonsense_noisy_totals(tmp_path: Path) -> None:
         (mock_proxy(f"c{i}"), EvaluateRes(Status(Code.OK, ""), 0.0, 0, {"partition-id": i, NOISY_KEY: blob}))
         for i, blob in enumerate(encode_noisy(sizes=s, sums=m) for s, m in zip(sizes, sums, strict=True))
     ]
-    assert strategy.aggregate_report(STAGE_ASSIGN, results, [])
-    assert strategy.report["cluster_sizes"] == [0, 42, 10]
+    assert strategy.final_report.aggregate(STAGE_ASSIGN, results, [])
+    assert strategy.final_report.summary["cluster_sizes"] == [0, 42, 10]
     noisy = encode_noisy(
         distance_sums=np.array([3.0, -50.0, 2.0]),
         squared_sums=np.array([1.0, 8.0, -1.0]),
@@ -117,8 +117,8 @@ def test_strategy_clamps_nonsense_noisy_totals(tmp_path: Path) -> None:
         (mock_proxy(f"c{i}"), EvaluateRes(Status(Code.OK, ""), 0.0, 0, {"partition-id": i, NOISY_KEY: noisy}))
         for i in range(2)
     ]
-    strategy.aggregate_report(STAGE_DISTANCES, replies, [])
-    metrics = strategy.report["label_free"]
+    strategy.final_report.aggregate(STAGE_DISTANCES, replies, [])
+    metrics = strategy.final_report.summary["label_free"]
     assert metrics["inertia"] == pytest.approx(16.0) and metrics["simplified_silhouette"] == pytest.approx(
         1.0
     )
