@@ -14,6 +14,7 @@ import pytest
 from flwr.common import Code, Context, EvaluateRes, RecordDict, Status
 
 import clients.base
+import clients.report
 from clients.kfed import KFedClient
 from fedapp.config.run import parse_run_config
 from fedapp.privacy.dp import (
@@ -51,8 +52,8 @@ class _Spy:
 def test_noisy_report_is_released_from_clipped_records_and_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spy = _Spy(clients.base.gaussian_mechanism)
-    monkeypatch.setattr(clients.base, "gaussian_mechanism", spy)
+    spy = _Spy(clients.report.gaussian_mechanism)
+    monkeypatch.setattr(clients.report, "gaussian_mechanism", spy)
     clip = 0.5
     summary = _run(tmp_path, {"dp.report": "noise", "dp.clip": clip})
     privacy = summary["privacy"]["dp"]

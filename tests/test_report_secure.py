@@ -156,7 +156,7 @@ def test_secure_report_reply_carries_no_clients_statistics_in_the_clear() -> Non
     )
     centres = client.data.features[:K] + 0.1
     config = {REPORT_KEY: STAGE_ASSIGN, SCALE_KEY: 1.0}
-    arrays, n, metrics = client.secure_report([centres], config)
+    arrays, n, metrics = client.final_report.secure([centres], config)
     allowed = {"partition-id", "k", ROWS_KEY, "score-kind", "floor-withheld", CLEAR_KEY, CLIPPED_KEY}
     assert set(metrics) <= allowed and not {SIZES_KEY, SUMS_KEY, TABLE_KEY} & set(metrics)
     assert n == client.data.n_samples and metrics[CLIPPED_KEY] == 0
@@ -164,7 +164,9 @@ def test_secure_report_reply_carries_no_clients_statistics_in_the_clear() -> Non
     counts = np.bincount(client.predict([centres], {}), minlength=K)
     np.testing.assert_allclose(arrays[0] * n, counts)  # sizes / n: what SecAgg+ masks, never in the clear
     means = np.zeros((K, client.data.features.shape[1]))
-    arrays, _, metrics = client.secure_report([means, counts], {REPORT_KEY: STAGE_DISTANCES, SCALE_KEY: 0.5})
+    arrays, _, metrics = client.final_report.secure(
+        [means, counts], {REPORT_KEY: STAGE_DISTANCES, SCALE_KEY: 0.5}
+    )
     assert DISTANCES_KEY not in metrics and len(arrays) == 4 and arrays[3][0] == pytest.approx(1.0)
 
 

@@ -1,17 +1,16 @@
 """The final report: after the last round every client labels all its records with the global model.
 
-Two evaluate messages, driven by the config key `report` (the server side is `strategies/report.py`):
+Two evaluate messages, driven by the config key `report` (the client side is `clients/report.py`, the
+server side `strategies/report.py`):
 
 1. ``assign``: the client assigns every local record (`Assignment`), writes `assignments.csv` on its own
-   machine (`fedapp.report.assignments`), and returns only aggregates: cluster sizes, per-cluster sums in the
-   space the method clusters in (`fedapp.metrics.label_free.ClusterSums`), per-cluster term document counts
-   for
-   text methods (terms in fewer than `keyword-min-docs` local documents of a cluster are withheld), and
-   its contingency table when it has labels.
+   machine (`fedapp.report.assignments`), and returns only aggregates: cluster sizes, per-cluster sums in
+   the space the method clusters in (`fedapp.metrics.label_free.ClusterSums`), per-cluster term document
+   counts for text methods (terms in fewer than `keyword-min-docs` local documents of a cluster are
+   withheld), and its contingency table when it has labels.
 2. ``distances``: the server sends the pooled cluster means; the client returns per-cluster sums of
-   distances to them and its silhouette sum (`fedapp.metrics.label_free.DistanceSums`), which Davies–Bouldin
-   and
-   the simplified silhouette need.
+   distances to them and its silhouette sum (`fedapp.metrics.label_free.DistanceSums`), which
+   Davies–Bouldin and the simplified silhouette need.
 
 No per-record value crosses the wire in either message.
 
@@ -25,6 +24,9 @@ multiplied by the public `SCALE_KEY` the server sends (1, then smaller if SecAgg
 
 **Under differential privacy** (`dp.epsilon > 0`, `dp.report`) the client sends either nothing but its
 identity, or noisy statistics of clipped records (`NOISY_KEY`, `fedapp.privacy.dp`), counted in the plan.
+
+What travels in the metrics is bytes of the one codec (`fedapp.wire`); the functions at the end of this
+module say which arrays each message holds, and a blob that does not decode is a `ReplyError`.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def assign_from_totals(
 ) -> tuple[np.ndarray, ClusterSums | None]:
     """Server: (cluster sizes, pooled `ClusterSums` or None) from stage 1's secure totals, rounded."""
     if len(totals) not in (1, 3) or any(t.shape[:1] != (k,) for t in totals):
-        raise ValueError(f"secure report totals of shapes {[t.shape for t in totals]} for k={k}")
+        raise ReplyError(f"secure report totals of shapes {[t.shape for t in totals]} for k={k}")
     sizes = np.maximum(np.rint(totals[0]), 0).astype(np.int64)
     if len(totals) == 1:
         return sizes, None
@@ -139,12 +141,11 @@ def assign_from_totals(
 def distances_from_totals(totals: list[np.ndarray], counts: np.ndarray, scale: float) -> DistanceSums:
     """Server: pooled `DistanceSums` from stage 2's secure totals (n: the pooled count)."""
     if len(totals) != 4 or totals[0].shape != counts.shape or totals[1].shape != counts.shape:
-        raise ValueError(f"secure distance totals of shapes {[t.shape for t in totals]}")
+        raise ReplyError(f"secure distance totals of shapes {[t.shape for t in totals]}")
     return approximate_distance_sums(totals[0] / scale, totals[1] / scale, float(totals[2][0]), counts)
 
 
 # ----------------------------------------------------------------------- what travels in the metrics
-# The bytes are `fedapp.wire`'s; these say which arrays a message holds. Decoding raises ReplyError.
 _DISTANCE_ARRAYS = ("distance_sums", "squared_sums", "silhouette_sum", "n")
 
 
