@@ -5,8 +5,9 @@ A subclass supplies the method's maths through hooks — `fit_instructions` (wha
 than summed contingency tables, `evaluation_instructions` / `evaluation_metrics` — and this class runs
 configure_fit -> aggregate_fit -> configure_evaluate -> aggregate_evaluate around them. What it relies on
 lives beside it: who is asked (`strategies.roster`), what a valid reply is (`strategies.replies`), what
-the run records (`strategies.records`) and the final report (`strategies.report`). A checkpoint holds
-`state_dict()`: the records, the roster and the attributes each class names in `state_fields`.
+the run records (`strategies.records`) and the final report (`strategies.report.FinalReport`, composed
+in as `final_report`, which the server loop drives after the last round). A checkpoint holds
+`state_dict()`: the records, the roster, the report and the attributes each class names in `state_fields`.
 """
 
 from __future__ import annotations
@@ -45,17 +46,18 @@ from strategies.replies import (
     describe_failure,
 )
 from strategies.replies import consistent_replies as consistent_replies  # re-exported for fstc, fsccl
-from strategies.report import ReportingStrategy
+from strategies.report import FinalReport
 from strategies.roster import ClientRoster
 
 MAX_EMPTY_ROUNDS = 3  # consecutive rounds without one valid reply end the run (clients are broken)
 
 
-class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
+class ClusteringStrategy(StrategyHooks, Strategy):
     """Base class: see the module docstring. Subclasses implement `reply_spec` and `aggregate`."""
 
     refuse_duplicate_partitions = True  # a second client claiming a held partition-id is refused
-    # what a checkpoint keeps besides the records and the roster; a subclass names only what it adds
+    # a checkpoint keeps these parts' `state_dict`s and the `state_fields` (a subclass names only its own)
+    state_parts = ("record", "roster", "final_report")
     state_fields: tuple[str, ...] = (
         "k",
         "finished",
@@ -66,6 +68,8 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         "latest_parameters",
         "_final_evaluated",
         "_empty_rounds",
+        "dp_releases",
+        "secagg_clipped",
     )
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -91,7 +95,9 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         self._empty_rounds = 0
         self._instructed: dict[int, list[str]] = {}
         self.warnings: list[str] = []  # what degraded without failing (summary.json `warnings`)
-        self._init_report()
+        self.dp_releases = 0  # the most noisy releases any client reported (training and report)
+        self.secagg_clipped = 0  # uploaded values SecAgg+ clipped over the run (0: none distorted)
+        self.final_report = FinalReport(self)
 
     # ------------------------------------------------------------------------------ Strategy API
     # Flower calls these; each of the four round steps is timed (summary.json `timing`).
@@ -106,21 +112,14 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
             if self.finished:
                 return []
             clients = self.roster.usable(client_manager, self.record)
-            needed, excluded = self.roster.min_fit(), self.roster.excluded
-            if len(clients) < needed:
-                lost = ", ".join(f"{cid} (round {r})" for cid, r in sorted(excluded.items())) or "none"
-                errors = self.record.failure_messages
-                detail = f"; first error: {errors[0]}" if errors else ""
-                self._stop(
-                    f"only {len(clients)} usable client(s) before round {server_round}, {needed} needed "
-                    f"(failed or timed out: {lost}){detail}"
-                )
+            too_few = self.roster.too_few(len(clients), server_round, self.record.failure_messages)
+            if too_few:
+                self._stop(too_few)
                 return []
             every = self.needs_every_client(server_round)
             available = clients if every else self.roster.simulate_dropout(server_round, clients)
-            self.record.sampled(
-                server_round, [c.cid for c in clients], [c.cid for c in available], sorted(excluded)
-            )
+            kept, excluded = [c.cid for c in available], sorted(self.roster.excluded)
+            self.record.sampled(server_round, [c.cid for c in clients], kept, excluded)
             instructions = self.fit_instructions(server_round, parameters, available)
             self._instructed[server_round] = [client.cid for client, _ in instructions]
             if instructions:
@@ -166,25 +165,15 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
                 "failures": len(failures),
             }
             if len(consistent) < self.roster.min_fit():
-                log(
-                    WARNING,
-                    "round %d: %d valid repl(y/ies), %d needed; the global model is unchanged",
-                    server_round,
-                    len(consistent),
-                    self.roster.min_fit(),
-                )
-                return self._lost_round(server_round, stats)
+                why = f"{len(consistent)} valid repl(y/ies), {self.roster.min_fit()} needed"
+                return self._lost_round(server_round, stats, why)
             self._empty_rounds = 0
             try:
                 parameters = self.aggregate(server_round, consistent)
             except ValueError as exc:  # e.g. too few valid replies left for k clusters: skip the round
-                log(
-                    WARNING,
-                    "round %d: aggregation skipped (%s); the global model is unchanged",
-                    server_round,
-                    exc,
+                return self._lost_round(
+                    server_round, {**stats, "accepted": 0}, f"aggregation skipped ({exc})"
                 )
-                return self._lost_round(server_round, {**stats, "accepted": 0})
             if parameters is not None:
                 self.latest_parameters = parameters
             return parameters, stats
@@ -241,9 +230,11 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         return reply
 
     def _lost_round(
-        self, server_round: int, stats: dict[str, Scalar]
+        self, server_round: int, stats: dict[str, Scalar], why: str = ""
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """A fit round that changed nothing; MAX_EMPTY_ROUNDS of them in a row end the run."""
+        """A fit round that changed nothing (`why`, logged); MAX_EMPTY_ROUNDS of them in a row end the run."""
+        if why:
+            log(WARNING, "round %d: %s; the global model is unchanged", server_round, why)
         self.record.lost_rounds.append(server_round)
         self._empty_rounds += 1
         if self._empty_rounds >= MAX_EMPTY_ROUNDS:
@@ -259,23 +250,22 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
 
     def report_round(self, server_round: int, metrics: dict[str, float] | None = None) -> None:
         """The round's progress line (once per round that did work), with its headline metrics."""
-        self.record.progress(
-            server_round, self.cfg.num_rounds, self.headline_text(metrics) if metrics else None
-        )
+        headline = self.headline_text(metrics) if metrics else None
+        self.record.progress(server_round, self.cfg.num_rounds, headline)
 
     # ----------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the records, the roster and every attribute named in `state_fields`
-        by this class or a base class (the configuration is not kept: a resumed run may change it)."""
+        """What a checkpoint keeps: the `state_parts` and every attribute named in `state_fields` by this
+        class or a base class (the configuration is not kept: a resumed run may change it)."""
         state = {name: getattr(self, name) for name in _state_fields(type(self))}
-        return {**state, "record": self.record.state_dict(), "roster": self.roster.state_dict()}
+        return {**state, **{part: getattr(self, part).state_dict() for part in self.state_parts}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The inverse of `state_dict`."""
         for name in _state_fields(type(self)):
             setattr(self, name, state[name])
-        self.record.load_state_dict(state["record"])
-        self.roster.load_state_dict(state["roster"])
+        for part in self.state_parts:
+            getattr(self, part).load_state_dict(state[part])
 
     def round_done(self, server_round: int) -> None:
         """End of a round (fit and evaluation): summary.json says how far the run got (an entry point that
@@ -317,17 +307,16 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
                 self.stop_reason = self.stop_reason or failure
             elif not (self.finished or self.stopped) and self.final_metrics:
                 self.stop_reason = f"max rounds ({self.cfg.num_rounds})"
-            problems = self.record.losses(self.rounds_run, self.finished, self.report.get("problems", {}))
+            problems = self.record.losses(self.rounds_run, self.finished, self.final_report.problems)
             self.status, self.status_reason = run_status(
                 failure, self.stopped, self.finished, bool(self.final_metrics), self.stop_reason, problems
             )
             log(INFO, "%s status: %s (%s)", PROGRESS_MARKER, self.status, self.status_reason)
-        self.write_model()
+        self.final_report.write_model()
         self.write_outputs()
 
     def warn(self, message: str) -> None:
-        """Something degraded without failing the run (a cluster that stopped moving, clusters left
-        empty): logged once and listed in summary.json, so a run never degrades silently."""
+        """Something degraded without failing the run: logged once and listed in summary.json `warnings`."""
         if message not in self.warnings:
             self.warnings.append(message)
             log(WARNING, "%s warning: %s", PROGRESS_MARKER, message)
@@ -354,7 +343,7 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
             "excluded_clients": dict(sorted(self.roster.excluded.items())),
             "config": self.cfg.to_dict(),
             **self.record.summary(),
-            "report": self.report,
+            "report": self.final_report.summary,
             "warnings": self.warnings,
             **self.extra_summary(),
         }

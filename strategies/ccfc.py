@@ -44,12 +44,12 @@ from fedapp.methods.ccfc import (
     phase_of,
     secure_modes,
 )
-from fedapp.metrics.contingency import clustering_metrics, decode_table
+from fedapp.metrics.contingency import clustering_metrics
 from fedapp.models.ccfc import initial_model
 from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
 from fedapp.privacy.dp import RELEASES_KEY, floor_variances, privacy_summary
 from fedapp.privacy.secagg import secure_specs
-from fedapp.wire import ArraySpec, ReplyError
+from fedapp.wire import ArraySpec, ReplyError, decode_counts
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
 from strategies.secure import SecureSumStrategy
@@ -270,7 +270,7 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
         per_client: dict[str, dict[str, float]] = {}
         for _, res in results:
             try:
-                table = decode_table(res.metrics["table"])  # type: ignore[arg-type]
+                table = decode_counts(res.metrics["table"])
                 per_client[str(res.metrics["partition-id"])] = clustering_metrics(table)
             except (KeyError, ValueError):
                 continue  # the base class logs and drops malformed tables

@@ -4,7 +4,9 @@ how the model is evaluated. `ClusteringStrategy` calls them from Flower's Strate
 Every hook has a default except `reply_spec` and `aggregate`. In the order a round calls them:
 `fit_config` / `fit_instructions` -> `expected_arrays` (`reply_spec`) -> `check_reply` -> `consistent`
 -> `aggregate` -> `should_evaluate` -> `evaluation_instructions` (`evaluation_clients`) ->
-`evaluation_metrics` -> `headline_text`; `extra_summary` adds a method's fields to summary.json.
+`evaluation_metrics` -> `headline_text`; `extra_summary` adds a method's fields to summary.json. After the
+last round the final report (`strategies.report`) asks `report_parameters`, `report_views` and
+`model_description`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class StrategyHooks:
     k: int | None
     finished: bool
     resumed_from: int | None
+    latest_parameters: Parameters | None
 
     # ------------------------------------------------------------------------------------------- fit
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
@@ -108,4 +111,18 @@ class StrategyHooks:
 
     def extra_summary(self) -> dict[str, Any]:
         """Method-specific fields for summary.json."""
+        return {}
+
+    # -------------------------------------------------------------------------------- final report
+    def report_parameters(self) -> Parameters | None:
+        """The global model the clients label their records with (and `predict` reloads)."""
+        return self.latest_parameters
+
+    def report_views(self) -> int | None:
+        """How many parties' views make up a record (vertical federations: the report needs every view's
+        sums); None when that is not known or the federation is horizontal."""
+        return None
+
+    def model_description(self) -> dict[str, Any]:
+        """Method-specific fields of model.json (vocabulary, topic words, ...)."""
         return {}

@@ -18,10 +18,10 @@ import numpy as np
 from flwr.common import EvaluateRes, FitRes, Scalar, log, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.metrics.contingency import clustering_metrics, decode_table
+from fedapp.metrics.contingency import clustering_metrics
 from fedapp.report.ledger import parameters_nbytes
 from fedapp.report.stages import SIZES_KEY
-from fedapp.wire import ArraySpec, ReplyError, check_arrays, decode_array
+from fedapp.wire import ArraySpec, ReplyError, check_arrays, decode_array, decode_counts
 
 MAX_REPLY_BYTES = 1 << 31  # a reply whose arrays have open dimensions is still never allowed past 2 GiB
 _NPY_OVERHEAD = 256  # bytes of the .npy header Flower's serialisation adds per array (at most)
@@ -128,22 +128,19 @@ def size_metrics(sizes: np.ndarray) -> dict[str, float]:
 
 
 def sizes_from(res: EvaluateRes, k: int | None) -> np.ndarray:
-    sizes = decode_array(res.metrics.get(SIZES_KEY))  # type: ignore[arg-type]
+    sizes = decode_array(res.metrics.get(SIZES_KEY), "cluster sizes")
     if sizes.ndim != 1 or (k is not None and sizes.shape != (k,)) or sizes.dtype.kind not in "iu":
-        raise ValueError(f"cluster sizes of shape {sizes.shape} {sizes.dtype}")
+        raise ReplyError(f"cluster sizes of shape {sizes.shape} {sizes.dtype}")
     if (sizes < 0).any() or int(sizes.sum()) != res.num_examples:
-        raise ValueError("cluster sizes are negative or do not add up to the client's records")
+        raise ReplyError("cluster sizes are negative or do not add up to the client's records")
     return sizes.astype(np.int64)
 
 
 def table_from(res: EvaluateRes) -> np.ndarray:
     blob = res.metrics.get("table")
     if not isinstance(blob, bytes):
-        raise ValueError("metrics lack a 'table' (bytes)")
-    table = decode_table(blob)
-    if table.ndim != 2 or (table < 0).any():
-        raise ValueError(f"invalid contingency table of shape {table.shape}")
-    return table
+        raise ReplyError("metrics lack a 'table' (bytes)")
+    return decode_counts(blob)  # 2-D and non-negative by construction
 
 
 def contingency_evaluation(
@@ -160,7 +157,7 @@ def contingency_evaluation(
                 unlabelled.append(sizes_from(res, k))
             else:
                 tables.append((client.cid, table_from(res)))
-        except ValueError as exc:
+        except ReplyError as exc:
             log(WARNING, "round %d: rejected evaluation from client %s: %s", server_round, client.cid, exc)
     total: np.ndarray | None = None
     if tables:

@@ -6,11 +6,11 @@ and, with the pooled cluster means that gives, for distances (`distances`). What
 into the label-free metrics (exactly those of the pooled data), cluster sizes and, for texts, c-TF-IDF
 keywords; then `OUT/model/` is written. A client that fails the report is named in the status.
 
-Under SecAgg+ (`secagg`) the two stages are fit messages aggregated by Flower's SecAgg+
-(`configure_secure_report` / `aggregate_secure_report`, driven by `fedapp.app.server_loop.run_secure_report`):
-the server gets only the totals of sizes, sums and distance sums, which it rounds and merges as the plain
-report merges the clients' parts. Under differential privacy the clients send noisy statistics of
-clipped records or nothing (`dp.report`); the metrics from noisy totals are clamped and marked `noisy`.
+Plain, SecAgg+ and differentially private runs differ only in how a stage's statistics arrive: as every
+client's own (`aggregate`), as SecAgg+ totals (`configure_secure` / `aggregate_secure`, driven by
+`fedapp.app.server_loop.run_secure_report`) or as noisy releases (`dp.report`). `strategies.report_intake`
+turns each into one shape, which `merge_assignments` / `merge_distances` take the same way; metrics from
+noisy totals are clamped and marked `noisy`.
 
 Vertical federations: each party reports on its own view of the same (aligned) records, so the sums are
 concatenated along the features; inertia and Calinski–Harabasz are exact on the concatenated views,
@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import time
 from logging import INFO, WARNING
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.common import (
@@ -37,21 +38,14 @@ from flwr.common import (
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from fedapp.config.run import RunConfig
 from fedapp.methods import method_spec
 from fedapp.metrics.label_free import (
     ClusterSums,
     DistanceSums,
-    LabelFreeError,
-    approximate_cluster_sums,
-    approximate_distance_sums,
     ctfidf_keywords,
-    decode_arrays,
-    decode_cluster_sums,
-    decode_distance_sums,
-    decode_term_counts,
     label_free_metrics,
     merge_cluster_sums,
-    merge_distance_sums,
     merge_term_counts,
     pooled_means,
 )
@@ -61,369 +55,189 @@ from fedapp.report.assignments import SCORE_KINDS
 from fedapp.report.model_store import MODEL_DIR, write_model
 from fedapp.report.records import PROGRESS_MARKER
 from fedapp.report.stages import (
-    DISTANCES_KEY,
-    NOISY_ASSIGN,
-    NOISY_DISTANCES,
-    NOISY_KEY,
     REPORT_KEY,
-    ROWS_KEY,
     SCALE_KEY,
-    SCORE_KIND_KEY,
     SECURE_DONE,
     SECURE_RETRY,
     SECURE_STOP,
-    SIZES_KEY,
     STAGE_ASSIGN,
     STAGE_DISTANCES,
-    SUMS_KEY,
-    TERMS_KEY,
-    assign_from_totals,
-    distances_from_totals,
 )
-from fedapp.wire import decode_array
+from strategies.records import RunRecord
 from strategies.replies import describe_failure
+from strategies.report_intake import (
+    Assignments,
+    largest_rounding,
+    noisy_assignments,
+    noisy_distances,
+    plain_assignments,
+    plain_distances,
+    secure_assignments,
+    secure_distances,
+    secure_totals,
+)
+from strategies.roster import ClientRoster
 
 KEYWORDS = 10  # keywords kept per cluster
-POOLED = -1  # key of the one pooled part when only totals reach the server (SecAgg+, DP)
+Failures = list[tuple[ClientProxy, Any] | BaseException]
 
 
-class ReportingStrategy:
-    """Mixin for `ClusteringStrategy`: the final report's two stages and the model directory."""
+class ReportHost(Protocol):
+    """What the final report needs of its strategy (`strategies.base.ClusteringStrategy`)."""
 
-    def _init_report(self) -> None:
-        self.report: dict[str, Any] = {}  # what summary.json shows of the final report
-        self._report_sums: dict[int, ClusterSums] = {}  # partition -> its pass-1 sums
-        self._report_clients: dict[int, ClientProxy] = {}  # partition -> who sent those sums
-        self._report_terms: list[list[dict[str, int]]] = []
-        self._report_cids: list[str] = []
-        self._report_parameters: Parameters | None = None
-        self._report_started = 0.0
+    cfg: RunConfig
+    k: int | None
+    stopped: bool
+    rounds_run: int
+    out_dir: Path
+    record: RunRecord  # the communication ledger books the report's messages
+    roster: ClientRoster  # who is asked
+    final_metrics: dict[str, float] | None  # the label-free metrics join them
+    dp_releases: int  # the most noisy releases any client reported over the run
+    secagg_clipped: int  # values SecAgg+ clipped over the run
 
-    # ----------------------------------------------------------------------------------- hooks
-    def report_parameters(self) -> Parameters | None:
-        """The global model the clients label their records with (and `predict` reloads)."""
-        return self.latest_parameters  # type: ignore[attr-defined]
+    def report_parameters(self) -> Parameters | None: ...
 
-    def model_description(self) -> dict[str, Any]:
-        """Method-specific fields of model.json (vocabulary, topic words, ...)."""
-        return {}
+    def model_description(self) -> dict[str, Any]: ...
+
+    def report_views(self) -> int | None: ...
+
+    def warn(self, message: str) -> None: ...
+
+
+class FinalReport:
+    """The final report's two stages, composed into a strategy; `summary` is summary.json's `report`."""
+
+    def __init__(self, host: ReportHost) -> None:
+        self.host = host
+        self.summary: dict[str, Any] = {}
+        self.parameters: Parameters | None = None  # the global model the clients labelled with
+        self.sums: dict[int, ClusterSums] = {}  # partition (or POOLED) -> its pass-1 sums
+        self.reporters: dict[int, str] = {}  # partition -> the client that sent them, asked for distances
+        self.asked: list[str] = []  # clients sent the current stage
+        self.started = 0.0  # perf_counter at stage 1: the report's seconds, both stages end to end
 
     @property
     def vertical(self) -> bool:
-        return method_spec(self.cfg.method).vertical  # type: ignore[attr-defined]
-
-    # ---------------------------------------------------------------------------------- stages
-    def configure_report(
-        self, stage: str, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """Instructions for one stage; [] when there is nothing (more) to do."""
-        if self.stopped or self.k is None:  # type: ignore[attr-defined]
-            return []
-        if stage == STAGE_ASSIGN:
-            parameters = self.report_parameters()
-            if parameters is None or not parameters.tensors:
-                return []
-            self._report_parameters = parameters
-            self._report_started = time.perf_counter()
-            clients = self.roster.usable(client_manager, self.record)  # type: ignore[attr-defined]
-            ins = EvaluateIns(parameters, {REPORT_KEY: STAGE_ASSIGN})
-            instructions = [(client, ins) for client in clients]
-        elif stage == STAGE_DISTANCES:
-            if not self._report_sums:
-                return []
-            instructions = self._distance_instructions()
-        else:
-            raise ValueError(f"unknown report stage {stage!r}")
-        self.record.sent(self._report_round, "report", instructions)  # type: ignore[attr-defined]
-        self._report_cids = [client.cid for client, _ in instructions]
-        return instructions
+        return method_spec(self.host.cfg.method).vertical
 
     @property
-    def _report_round(self) -> int:
-        return self.rounds_run + 1  # type: ignore[attr-defined]
+    def problems(self) -> dict[str, list[str]]:
+        """Clients that failed a stage or sent a malformed reply, by stage (`rejected`: malformed)."""
+        return self.summary.get("problems", {})
 
-    def _distance_instructions(self) -> list[tuple[ClientProxy, EvaluateIns]]:
-        sums = self._pooled_sums()
+    @property
+    def server_round(self) -> int:
+        """The ledger books the report as the round after the last one."""
+        return self.host.rounds_run + 1
+
+    # ---------------------------------------------------------------------------------- stages
+    def configure(self, stage: str, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """Instructions for one stage; [] when there is nothing (more) to do."""
+        if self.host.stopped or self.host.k is None:
+            return []
+        if stage == STAGE_ASSIGN:
+            parameters = self.host.report_parameters()
+            if parameters is None or not parameters.tensors:
+                return []
+            self.parameters, self.started = parameters, time.perf_counter()
+            ins = EvaluateIns(parameters, {REPORT_KEY: STAGE_ASSIGN})
+            instructions = [
+                (client, ins) for client in self.host.roster.usable(client_manager, self.host.record)
+            ]
+            self.asked = [client.cid for client, _ in instructions]
+        elif stage == STAGE_DISTANCES:
+            if not self.sums:
+                return []
+            instructions = self._distance_instructions(client_manager)
+            self.asked = [cid for _, cid in sorted(self.reporters.items())]
+        else:
+            raise ValueError(f"unknown report stage {stage!r}")
+        self.host.record.sent(self.server_round, "report", instructions)
+        return instructions
+
+    def _distance_instructions(self, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """The pooled means and counts (each party its view's columns) to every client that sent sums."""
+        sums = self.pooled_sums()
         means, counts = pooled_means(sums), sums.counts
-        if self.cfg.dp.enabled:  # type: ignore[attr-defined]  # noisy means, into the records' clip ball
-            means = clip_rows(means, self.cfg.dp.clip)  # type: ignore[attr-defined]
-        config = {REPORT_KEY: STAGE_DISTANCES}
-        instructions = []
+        if self.host.cfg.dp.enabled:  # noisy means, into the records' clip ball
+            means = clip_rows(means, self.host.cfg.dp.clip)
         offsets = self._view_offsets()
-        for partition, proxy in sorted(self._report_clients.items()):
+        proxies = client_manager.all()
+        instructions = []
+        for partition, cid in sorted(self.reporters.items()):
+            if cid not in proxies:  # gone since stage 1: missing from stage 2
+                continue
+            arrays = [means, counts]
             if self.vertical:
                 start, stop = offsets[partition]
                 arrays = [means[:, start:stop], counts]
-            else:
-                arrays = [means, counts]
-            instructions.append((proxy, EvaluateIns(ndarrays_to_parameters(arrays), config)))
+            ins = EvaluateIns(ndarrays_to_parameters(arrays), {REPORT_KEY: STAGE_DISTANCES})
+            instructions.append((proxies[cid], ins))
         return instructions
 
     def _view_offsets(self) -> dict[int, tuple[int, int]]:
         offsets, start = {}, 0
-        for partition in sorted(self._report_sums):
-            width = self._report_sums[partition].sums.shape[1]
+        for partition in sorted(self.sums):
+            width = self.sums[partition].sums.shape[1]
             offsets[partition] = (start, start + width)
             start += width
         return offsets
 
-    def _pooled_sums(self) -> ClusterSums:
-        parts = [self._report_sums[p] for p in sorted(self._report_sums)]
+    def pooled_sums(self) -> ClusterSums:
+        """The pass-1 sums of the pooled data: summed over clients, or the parties' views side by side."""
+        parts = [self.sums[partition] for partition in sorted(self.sums)]
         if not self.vertical:
             return merge_cluster_sums(parts)
         return ClusterSums(parts[0].counts, np.hstack([part.sums for part in parts]))
 
-    def aggregate_report(
-        self,
-        stage: str,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    def aggregate(
+        self, stage: str, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
     ) -> bool:
-        """Take one stage's replies; False when the report cannot go on (nothing usable came back)."""
-        answered = {client.cid for client, _ in results}
-        missing = sorted(set(self._report_cids) - answered)
-        for failure in failures:
-            log(WARNING, "final report (%s): client failure: %s", stage, describe_failure(failure))
-        self.record.received(self._report_round, "report", results)  # type: ignore[attr-defined]
-        self.report["seconds"] = time.perf_counter() - self._report_started  # both stages, end to end
-        record = self.report.setdefault("problems", {})
+        """Take one stage's evaluate replies (plain or noisy); False when the report cannot go on."""
+        self._received(stage, results, failures, "")
+        problems = self.summary.setdefault("problems", {})
+        missing = self._missing(results)
         if missing:
-            record[stage] = missing
-        if self.cfg.dp.enabled:  # type: ignore[attr-defined]
-            self._count_releases(results)
+            problems[stage] = missing
+        k, cfg = self.host.k or 0, self.host.cfg
+        if not cfg.dp.enabled:
             if stage == STAGE_ASSIGN:
-                return self._take_noisy_assignments(results)
-            return self._take_noisy_distances(results)
+                views = self.host.report_views()
+                return self.merge_assignments(plain_assignments(results, k, self.vertical, views))
+            return self.merge_distances(plain_distances(results, self.reporters, self.vertical))
+        self._count_releases(results)
         if stage == STAGE_ASSIGN:
-            return self._take_assignments(results)
-        return self._take_distances(results)
+            self.summary["dp"] = report_summary(cfg.dp, cfg.method)
+            return self.merge_assignments(noisy_assignments(results, k))
+        counts = self.pooled_sums().counts
+        return self.merge_distances(noisy_distances(results, len(self.reporters), counts))
 
-    def _take_assignments(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
-        assert self.k is not None  # type: ignore[attr-defined]
-        k = self.k  # type: ignore[attr-defined]
-        rows: dict[str, int] = {}
-        sizes = np.zeros(k, dtype=np.int64)
-        self._report_sums, self._report_clients, self._report_terms = {}, {}, []
-        rejected, score_kinds = [], set()
-        vertical_sizes = None
-        withheld = 0  # records in clusters below the privacy floor at their client: not in the metrics
-        for client, res in sorted(results, key=lambda item: item[0].cid):
-            metrics = res.metrics
-            try:
-                partition = metrics.get("partition-id")
-                if not isinstance(partition, int):
-                    raise ValueError("no integer partition-id")
-                client_sizes = decode_array(metrics.get(SIZES_KEY))  # type: ignore[arg-type]
-                if (
-                    client_sizes.shape != (k,)
-                    or client_sizes.dtype.kind not in "iu"
-                    or (client_sizes < 0).any()
-                ):
-                    raise ValueError(f"cluster sizes of shape {client_sizes.shape}, expected ({k},)")
-                if int(client_sizes.sum()) != metrics.get(ROWS_KEY):
-                    raise ValueError("cluster sizes do not add up to the assigned rows")
-                sums = None
-                if SUMS_KEY in metrics:
-                    sums = decode_cluster_sums(metrics[SUMS_KEY])  # type: ignore[arg-type]
-                    sent = sums.counts
-                    if sent.shape != (k,) or not np.all((sent == client_sizes) | (sent == 0)):
-                        raise ValueError("cluster sums disagree with the cluster sizes")
-                    withheld += int(client_sizes[sent == 0].sum())
-                terms = decode_term_counts(metrics[TERMS_KEY], k) if TERMS_KEY in metrics else None  # type: ignore[arg-type]
-            except (ValueError, LabelFreeError) as exc:
-                rejected.append(client.cid)
-                log(WARNING, "final report: rejected client %s: %s", client.cid, exc)
-                continue
-            rows[str(partition)] = int(client_sizes.sum())
-            score_kinds.add(str(metrics.get(SCORE_KIND_KEY, "none")))
-            if self.vertical:
-                if vertical_sizes is not None and not np.array_equal(vertical_sizes, client_sizes):
-                    log(WARNING, "final report: party %d labels other rows than the first party", partition)
-                vertical_sizes = client_sizes
-            else:
-                sizes += client_sizes
-            if sums is not None:
-                self._report_sums[partition], self._report_clients[partition] = sums, client
-            if terms is not None:
-                self._report_terms.append(terms)
-        if rejected:
-            self.report.setdefault("problems", {})["rejected"] = rejected
-        self.report["assigned_rows"] = dict(sorted(rows.items(), key=lambda kv: int(kv[0])))
-        if vertical_sizes is not None:
-            sizes = vertical_sizes
-        self.report["cluster_sizes"] = sizes.tolist()
-        self.report["withheld_records"] = withheld
-        empty = int((np.asarray(sizes) == 0).sum())
-        if empty and not self.vertical:
-            self.warn(  # type: ignore[attr-defined]
-                f"{empty} of {len(sizes)} clusters hold no record after the last round "
-                "(k may be larger than the clusters this data holds)"
-            )
-        if len(score_kinds) == 1:  # what the third column of every assignments.csv means
-            kind = score_kinds.pop()
-            self.report["score"] = {"kind": kind, "meaning": SCORE_KINDS.get(kind, "")}
-        if self._report_terms:
-            self.report["keywords"] = ctfidf_keywords(merge_term_counts(self._report_terms), KEYWORDS)
-        if self.vertical and len(self._report_sums) != (self.n_views or len(self._report_sums)):  # type: ignore[attr-defined]
-            log(WARNING, "final report: not every view reported; no label-free metrics")
-            self._report_sums, self._report_clients = {}, {}
-        return bool(rows)
-
-    def _take_distances(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
-        parts: dict[int, DistanceSums] = {}
-        partition_of = {proxy.cid: partition for partition, proxy in self._report_clients.items()}
-        for client, res in results:
-            partition = partition_of.get(client.cid)
-            if partition is None:
-                log(WARNING, "final report: distances from client %s, which was not asked", client.cid)
-                continue
-            try:
-                parts[partition] = decode_distance_sums(res.metrics.get(DISTANCES_KEY))  # type: ignore[arg-type,index]
-            except (LabelFreeError, ValueError) as exc:
-                log(WARNING, "final report: rejected distances of client %s: %s", client.cid, exc)
-        if set(parts) != set(self._report_sums):
-            log(
-                WARNING,
-                "final report: distances of %d of %d clients; no label-free metrics",
-                len(parts),
-                len(self._report_sums),
-            )
-            return False
-        ordered = [parts[p] for p in sorted(parts)]
-        if self.vertical:
-            merged = DistanceSums(
-                np.zeros_like(ordered[0].distance_sums),
-                np.sum([part.squared_sums for part in ordered], axis=0),
-                0.0,
-                ordered[0].n,
-            )
-        else:
-            merged = merge_distance_sums(ordered)
-        return self._label_free(merged)
-
-    def _label_free(self, merged: DistanceSums) -> bool:
-        """The label-free metrics of the pooled sums and `merged` distances, into the report and metrics."""
-        metrics = label_free_metrics(self._pooled_sums(), merged)
-        if self.vertical:  # per-record distances across parties would be needed (module docstring)
-            metrics["davies_bouldin"] = metrics["simplified_silhouette"] = None
-        self.report["label_free"] = metrics
-        scalars = {key: float(value) for key, value in metrics.items() if isinstance(value, int | float)}
-        self.final_metrics = {**(self.final_metrics or {}), **scalars}  # type: ignore[has-type]
-        log(INFO, "%s final report: %s", PROGRESS_MARKER, _describe_metrics(metrics))
-        return True
-
-    # ------------------------------------------------------------------------ differential privacy
-    def _count_releases(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> None:
-        made = [res.metrics.get(RELEASES_KEY) for _, res in results]
-        spent = max((m for m in made if isinstance(m, int)), default=0)
-        self.dp_releases = max(getattr(self, "dp_releases", 0), spent)
-
-    def _take_noisy_assignments(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
-        """Stage 1 under DP: the noisy totals (clamped, rounded) or, with `dp.report` withholding,
-        only who answered and what their scores mean."""
-        dp = self.cfg.dp  # type: ignore[attr-defined]
-        self.report["dp"] = report_summary(dp, self.cfg.method)  # type: ignore[attr-defined]
-        self._report_sums, self._report_clients, self._report_terms = {}, {}, []
-        self._record_score_kinds(results)
-        parts, clients, rejected = [], {}, []
-        for client, res in sorted(results, key=lambda item: item[0].cid):
-            partition = res.metrics.get("partition-id")
-            if not isinstance(partition, int):
-                rejected.append(client.cid)
-                continue
-            clients[partition] = client
-            if NOISY_KEY not in res.metrics:
-                continue
-            try:
-                blob = res.metrics[NOISY_KEY]
-                try:
-                    parts.append(decode_arrays(blob, NOISY_ASSIGN, "noisy statistics"))  # type: ignore[arg-type]
-                except LabelFreeError:  # a method without a metric space sends only its sizes
-                    parts.append(decode_arrays(blob, {"sizes"}, "noisy statistics"))  # type: ignore[arg-type]
-            except LabelFreeError as exc:
-                rejected.append(client.cid)
-                log(WARNING, "final report: rejected client %s: %s", client.cid, exc)
-        if rejected:
-            self.report.setdefault("problems", {})["rejected"] = rejected
-        self.report["assigned_rows"] = {}  # a client's record count is private under DP
-        if not parts:
-            self.report["cluster_sizes"] = None
-            return False
-        k = self.k  # type: ignore[attr-defined]
-        sizes = np.sum([part["sizes"] for part in parts], axis=0)
-        self.report["noisy"] = True
-        if sizes.shape != (k,) or any(set(part) != set(parts[0]) for part in parts):
-            log(WARNING, "final report: noisy statistics of different shapes; no label-free metrics")
-            return False
-        if "sums" not in parts[0]:
-            self.report["cluster_sizes"] = np.maximum(np.rint(sizes), 0).astype(np.int64).tolist()
-            return False
-        pooled = approximate_cluster_sums(sizes, np.sum([part["sums"] for part in parts], axis=0))
-        self.report["cluster_sizes"] = pooled.counts.tolist()
-        if int((pooled.counts > 0).sum()) < 1:
-            return False
-        self._report_sums, self._report_clients = {POOLED: pooled}, clients
-        return True
-
-    def _take_noisy_distances(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
-        parts = []
-        for client, res in results:
-            try:
-                parts.append(decode_arrays(res.metrics.get(NOISY_KEY), NOISY_DISTANCES, "noisy distances"))  # type: ignore[arg-type]
-            except LabelFreeError as exc:
-                log(WARNING, "final report: rejected distances of client %s: %s", client.cid, exc)
-        if len(parts) != len(self._report_clients):
-            log(
-                WARNING,
-                "final report: noisy distances of %d of %d clients",
-                len(parts),
-                len(self._report_clients),
-            )
-            return False
-        total = {name: np.sum([part[name] for part in parts], axis=0) for name in NOISY_DISTANCES}
-        counts = self._pooled_sums().counts
-        merged = approximate_distance_sums(
-            total["distance_sums"], total["squared_sums"], float(total["silhouette_sum"]), counts
-        )
-        return self._label_free(merged)
-
-    def _record_score_kinds(self, results: list[tuple[ClientProxy, Any]]) -> None:
-        kinds = {str(res.metrics.get(SCORE_KIND_KEY, "none")) for _, res in results}
-        if len(kinds) == 1:
-            kind = kinds.pop()
-            self.report["score"] = {"kind": kind, "meaning": SCORE_KINDS.get(kind, "")}
-
-    # ------------------------------------------------------------------------------------ SecAgg+
-    def configure_secure_report(
+    def configure_secure(
         self, stage: str, client_manager: ClientManager, scale: float
     ) -> list[tuple[ClientProxy, FitIns]]:
         """A stage's instructions as fit messages for SecAgg+, the sums multiplied by `scale` (public)."""
-        started = self._report_started
-        evaluate = self.configure_report(stage, client_manager)
-        if stage == STAGE_DISTANCES and started:
-            self._report_started = started  # a retried stage does not restart the report's clock
         config = {REPORT_KEY: stage, SCALE_KEY: scale}
-        return [(client, FitIns(ins.parameters, config)) for client, ins in evaluate]
+        return [
+            (client, FitIns(ins.parameters, config)) for client, ins in self.configure(stage, client_manager)
+        ]
 
-    def aggregate_secure_report(
+    def aggregate_secure(
         self,
         stage: str,
         results: list[tuple[ClientProxy, FitRes]],
-        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+        failures: Failures,
         scale: float,
         last_try: bool,
     ) -> str:
         """Take a stage's secure totals: SECURE_DONE, SECURE_RETRY (SecAgg+ clipped a value: ask again
         with a smaller scale) or SECURE_STOP (the report cannot go on)."""
-        for failure in failures:
-            log(WARNING, "final report (%s, SecAgg+): client failure: %s", stage, describe_failure(failure))
-        self.record.received(self._report_round, "report", results)  # type: ignore[attr-defined]
-        self.report["seconds"] = time.perf_counter() - self._report_started
-        secure = self.report.setdefault("secagg", {"scale": {}, "attempts": {}, "largest_rounding": 0.0})
+        self._received(stage, results, failures, ", SecAgg+")
+        secure = self.summary.setdefault("secagg", {"scale": {}, "attempts": {}, "largest_rounding": 0.0})
         secure["attempts"][stage] = secure["attempts"].get(stage, 0) + 1
-        missing = sorted(set(self._report_cids) - {client.cid for client, _ in results})
+        missing = self._missing(results)
         if missing:
-            self.report.setdefault("problems", {})[stage] = missing
+            self.summary.setdefault("problems", {})[stage] = missing
         if not results:
             return SECURE_STOP
         clipped = sum(int(res.metrics.get(CLIPPED_KEY, 0)) for _, res in results)  # type: ignore[call-overload]
@@ -437,85 +251,125 @@ class ReportingStrategy:
             )
             return SECURE_RETRY
         if clipped:
-            self.secagg_clipped = getattr(self, "secagg_clipped", 0) + clipped
+            self.host.secagg_clipped += clipped
             log(WARNING, "final report (%s): SecAgg+ clipped %d values (raise secagg-clip)", stage, clipped)
         secure["scale"][stage] = scale
-        weight = sum(int(res.num_examples) for _, res in results)
-        totals = [
-            np.asarray(a, np.float64) * weight for a in parameters_to_ndarrays(results[0][1].parameters)
-        ]
+        totals = secure_totals(results)
         try:
             if stage == STAGE_ASSIGN:
-                return self._take_secure_assignments(results, totals, scale)
-            return self._take_secure_distances(totals, scale)
-        except (ValueError, LabelFreeError) as exc:
+                arrived = secure_assignments(results, totals, self.host.k or 0, scale)
+                secure["largest_rounding"] = largest_rounding(totals)
+                merged = self.merge_assignments(arrived)
+            else:
+                merged = self.merge_distances(secure_distances(totals, self.pooled_sums().counts, scale))
+        except ValueError as exc:  # a malformed reply inside the sum, or totals that are no statistics
             log(WARNING, "final report (%s, SecAgg+): %s", stage, exc)
-            self.report.setdefault("problems", {}).setdefault("rejected", []).append(str(exc))
+            self.summary.setdefault("problems", {}).setdefault("rejected", []).append(str(exc))
             return SECURE_STOP
+        return SECURE_DONE if merged else SECURE_STOP
 
-    def _take_secure_assignments(
-        self, results: list[tuple[ClientProxy, FitRes]], totals: list[np.ndarray], scale: float
-    ) -> str:
-        """Stage 1's totals; every reply inside the secure sum must be valid, since a share cannot be
-        taken out of it again."""
-        k = self.k  # type: ignore[attr-defined]
-        rows, clients, terms = {}, {}, []
-        for client, res in sorted(results, key=lambda item: item[0].cid):
-            partition = res.metrics.get("partition-id")
-            if not isinstance(partition, int) or res.metrics.get(ROWS_KEY) != res.num_examples:
-                raise ValueError(f"client {client.cid}: no partition-id or row count, inside the secure sum")
-            if TERMS_KEY in res.metrics:
-                terms.append(decode_term_counts(res.metrics[TERMS_KEY], k))  # type: ignore[arg-type]
-            rows[str(partition)], clients[partition] = int(res.num_examples), client
-        sizes, pooled = assign_from_totals(totals, k, scale)
-        approximate = [totals[0]] + ([totals[1]] if pooled is not None else [])
-        rounding = max(float(np.abs(t - np.rint(t)).max()) for t in approximate)
-        self.report["secagg"]["largest_rounding"] = rounding  # > 0.5: a count may be off by one
-        self._report_sums, self._report_clients, self._report_terms = {}, {}, terms
-        self.report["assigned_rows"] = dict(sorted(rows.items(), key=lambda kv: int(kv[0])))
-        self.report["cluster_sizes"] = sizes.tolist()
-        self._record_score_kinds(results)
-        if terms:
-            self.report["keywords"] = ctfidf_keywords(merge_term_counts(terms), KEYWORDS)
-        if pooled is None:
-            return SECURE_STOP  # no metric space: nothing for stage 2
-        self.report["withheld_records"] = int(sizes.sum() - pooled.counts.sum())
-        self._report_sums, self._report_clients = {POOLED: pooled}, clients
-        return SECURE_DONE
+    def _received(
+        self, stage: str, results: list[tuple[ClientProxy, Any]], failures: Failures, via: str
+    ) -> None:
+        for failure in failures:
+            log(WARNING, "final report (%s%s): client failure: %s", stage, via, describe_failure(failure))
+        self.host.record.received(self.server_round, "report", results)
+        self.summary["seconds"] = time.perf_counter() - self.started
 
-    def _take_secure_distances(self, totals: list[np.ndarray], scale: float) -> str:
-        counts = self._pooled_sums().counts
-        merged = distances_from_totals(totals, counts, scale)
-        if abs(float(totals[3][0]) - merged.n) > 0.5:
-            log(
-                WARNING, "final report: secure distances cover %.1f rows, the sums %d", totals[3][0], merged.n
+    def _missing(self, results: list[tuple[ClientProxy, Any]]) -> list[str]:
+        return sorted(set(self.asked) - {client.cid for client, _ in results})
+
+    def _count_releases(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> None:
+        made = [res.metrics.get(RELEASES_KEY) for _, res in results]
+        spent = max((m for m in made if isinstance(m, int)), default=0)
+        self.host.dp_releases = max(self.host.dp_releases, spent)
+
+    # ------------------------------------------------------------------------------ the merge
+    def merge_assignments(self, arrived: Assignments) -> bool:
+        """Stage 1 into the report, whichever way it arrived; True when there are sums to ask
+        distances about."""
+        if arrived.rejected:
+            self.summary.setdefault("problems", {})["rejected"] = arrived.rejected
+        self.summary["assigned_rows"] = {str(partition): n for partition, n in sorted(arrived.rows.items())}
+        if arrived.noisy:
+            self.summary["noisy"] = True
+        sizes = arrived.sizes
+        self.summary["cluster_sizes"] = None if sizes is None else sizes.tolist()
+        if arrived.withheld is not None:
+            self.summary["withheld_records"] = arrived.withheld
+        if sizes is not None and arrived.exact and not self.vertical:
+            self._warn_empty(sizes)
+        if len(arrived.score_kinds) == 1:  # what the third column of every assignments.csv means
+            kind = next(iter(arrived.score_kinds))
+            self.summary["score"] = {"kind": kind, "meaning": SCORE_KINDS.get(kind, "")}
+        if arrived.terms:
+            self.summary["keywords"] = ctfidf_keywords(merge_term_counts(arrived.terms), KEYWORDS)
+        self.sums, self.reporters = arrived.sums, arrived.reporters
+        return bool(self.sums)
+
+    def _warn_empty(self, sizes: np.ndarray) -> None:
+        empty = int((sizes == 0).sum())
+        if empty:
+            self.host.warn(
+                f"{empty} of {len(sizes)} clusters hold no record after the last round "
+                "(k may be larger than the clusters this data holds)"
             )
-        return SECURE_DONE if self._label_free(merged) else SECURE_STOP
+
+    def merge_distances(self, merged: DistanceSums | None) -> bool:
+        """The label-free metrics of the pooled sums and `merged` distances, into the report and the
+        run's final metrics; False when the distances did not arrive."""
+        if merged is None:
+            return False
+        metrics = label_free_metrics(self.pooled_sums(), merged)
+        if self.vertical:  # per-record distances across parties would be needed (module docstring)
+            metrics["davies_bouldin"] = metrics["simplified_silhouette"] = None
+        self.summary["label_free"] = metrics
+        scalars = {key: float(value) for key, value in metrics.items() if isinstance(value, int | float)}
+        self.host.final_metrics = {**(self.host.final_metrics or {}), **scalars}
+        log(INFO, "%s final report: %s", PROGRESS_MARKER, _describe_metrics(metrics))
+        return True
 
     # ------------------------------------------------------------------------------------ model
     def write_model(self) -> None:
         """`OUT/model/`: model.json and the weights the clients labelled their records with."""
-        parameters = self._report_parameters or self.report_parameters()
-        if self.stopped or parameters is None or not parameters.tensors:  # type: ignore[attr-defined]
+        host = self.host
+        parameters = self.parameters or host.report_parameters()
+        if host.stopped or parameters is None or not parameters.tensors:
             return
-        spec = method_spec(self.cfg.method)  # type: ignore[attr-defined]
+        spec = method_spec(host.cfg.method)
         arrays = None if spec.vertical else parameters_to_ndarrays(parameters)
         info = {
-            "method": self.cfg.method,  # type: ignore[attr-defined]
-            "k": self.k,  # type: ignore[attr-defined]
+            "method": host.cfg.method,
+            "k": host.k,
             "transductive": spec.vertical,
-            "config": self.cfg.to_dict(),  # type: ignore[attr-defined]
-            "metrics": self.final_metrics or {},  # type: ignore[attr-defined]
-            "cluster_sizes": self.report.get("cluster_sizes"),
-            "keywords": self.report.get("keywords"),
-            "score": self.report.get("score"),
-            "label_free": self.report.get("label_free"),
-            **self.model_description(),
+            "config": host.cfg.to_dict(),
+            "metrics": host.final_metrics or {},
+            "cluster_sizes": self.summary.get("cluster_sizes"),
+            "keywords": self.summary.get("keywords"),
+            "score": self.summary.get("score"),
+            "label_free": self.summary.get("label_free"),
+            **host.model_description(),
         }
         try:
-            write_model(self.out_dir / MODEL_DIR, info, arrays, torch_weights=spec.torch_model)  # type: ignore[attr-defined]
+            write_model(host.out_dir / MODEL_DIR, info, arrays, torch_weights=spec.torch_model)
         except OSError as exc:
             log(WARNING, "could not write the model: %s", exc)
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the report (clients by id: proxies are this process's)."""
+        return {
+            "summary": self.summary,
+            "parameters": self.parameters,
+            "sums": self.sums,
+            "reporters": self.reporters,
+            "asked": self.asked,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The inverse of `state_dict`."""
+        self.summary, self.parameters, self.sums = state["summary"], state["parameters"], state["sums"]
+        self.reporters, self.asked = state["reporters"], state["asked"]
 
 
 def _describe_metrics(metrics: dict[str, Any]) -> str:

@@ -131,6 +131,18 @@ class ClientRoster:
         """Valid replies a fit round needs to count (run-config min-fit-clients / min-fit-fraction)."""
         return max(self.cfg.min_fit_clients, math.ceil(self.cfg.min_fit_fraction * self.clients_seen))
 
+    def too_few(self, usable: int, server_round: int, failure_messages: list[str]) -> str | None:
+        """Why a fit round cannot start with `usable` clients (fewer than `min_fit`), or None."""
+        needed = self.min_fit()
+        if usable >= needed:
+            return None
+        lost = ", ".join(f"{cid} (round {r})" for cid, r in sorted(self.excluded.items())) or "none"
+        detail = f"; first error: {failure_messages[0]}" if failure_messages else ""
+        return (
+            f"only {usable} usable client(s) before round {server_round}, {needed} needed "
+            f"(failed or timed out: {lost}){detail}"
+        )
+
     def simulate_dropout(self, server_round: int, clients: list[ClientProxy]) -> list[ClientProxy]:
         """Run-config `dropout-rate`: round(rate * n) clients, drawn from (seed, round), sit this round out.
 

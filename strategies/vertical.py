@@ -87,6 +87,9 @@ class VerticalStrategy(ClusteringStrategy):
         if has_converged(previous, objective, delta):
             self.finished, self.stop_reason = True, f"relative objective change <= delta={delta:g}"
 
+    def report_views(self) -> int | None:
+        return self.n_views
+
     def extra_summary(self) -> dict[str, Any]:
         stale = {str(r): views for r, views in sorted(self.stale_views.items())}
         summary = {"objective_per_round": self.objectives, "stale_views": stale}

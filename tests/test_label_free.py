@@ -15,19 +15,22 @@ from fedapp.metrics.label_free import (
     cluster_sums,
     cluster_term_counts,
     ctfidf_keywords,
-    decode_cluster_sums,
-    decode_distance_sums,
-    decode_term_counts,
     distance_sums,
-    encode_cluster_sums,
-    encode_distance_sums,
-    encode_term_counts,
     label_free_metrics,
     merge_cluster_sums,
     merge_distance_sums,
     merge_term_counts,
     pooled_means,
 )
+from fedapp.report.stages import (
+    decode_cluster_sums,
+    decode_distance_sums,
+    decode_term_counts,
+    encode_cluster_sums,
+    encode_distance_sums,
+    encode_term_counts,
+)
+from fedapp.wire import ReplyError
 
 CLIENT_SIZES = (37, 120, 9)
 
@@ -177,7 +180,7 @@ def _npz(**arrays: np.ndarray) -> bytes:
     ],
 )
 def test_decode_cluster_sums_rejects(blob: bytes) -> None:
-    with pytest.raises(LabelFreeError) as caught:
+    with pytest.raises(ReplyError) as caught:
         decode_cluster_sums(blob)
     assert "\n" not in str(caught.value)
 
@@ -212,7 +215,7 @@ def test_distance_blob_fixture_is_valid() -> None:
     ],
 )
 def test_decode_distance_sums_rejects(overrides: dict) -> None:
-    with pytest.raises(LabelFreeError):
+    with pytest.raises(ReplyError):
         decode_distance_sums(_distance_blob(**overrides))
 
 
@@ -221,7 +224,7 @@ def test_sums_validate_on_construction() -> None:
         ClusterSums(np.array([1, -2]), np.zeros((2, 3)))
     with pytest.raises(LabelFreeError):
         DistanceSums(np.zeros(2), np.zeros(2), 0.0, -1)
-    with pytest.raises(LabelFreeError):
+    with pytest.raises(ReplyError):
         decode_distance_sums(b"\x00" * 40)
 
 
@@ -289,5 +292,5 @@ def test_ctfidf_scores_follow_the_formula() -> None:
     ],
 )
 def test_decode_term_counts_rejects(blob: bytes) -> None:
-    with pytest.raises(LabelFreeError):
+    with pytest.raises(ReplyError):
         decode_term_counts(blob, 2)

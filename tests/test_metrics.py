@@ -11,10 +11,10 @@ from fedapp.metrics.contingency import (
     MetricsError,
     clustering_metrics,
     contingency_table,
-    decode_table,
     encode_table,
     hungarian_mapping,
 )
+from fedapp.wire import ReplyError, decode_counts
 
 TOL = 1e-9
 
@@ -169,7 +169,7 @@ def test_encode_decode_round_trip(largest: int) -> None:
     table = np.random.default_rng(largest).integers(0, largest + 1, size=(7, 3))
     table[0, 0] = largest
     blob = encode_table(table)
-    decoded = decode_table(blob)
+    decoded = decode_counts(blob)
     assert isinstance(blob, bytes)
     assert decoded.dtype == np.int64
     np.testing.assert_array_equal(decoded, table)
@@ -197,8 +197,8 @@ def _valid_blob() -> bytes:
     ],
 )
 def test_decode_rejects_garbage(blob: bytes, message: str) -> None:
-    with pytest.raises(MetricsError, match=message):
-        decode_table(blob)
+    with pytest.raises(ReplyError, match=message):
+        decode_counts(blob)
 
 
 @pytest.mark.parametrize(

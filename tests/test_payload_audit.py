@@ -21,10 +21,17 @@ from fedapp.config.run import parse_run_config
 from fedapp.datasets.local import load_run_dataset, local_partition
 from fedapp.launch.resolve import build_overrides
 from fedapp.methods import METHODS
-from fedapp.metrics.contingency import decode_table
-from fedapp.metrics.label_free import decode_cluster_sums, decode_distance_sums
-from fedapp.report.stages import DISTANCES_KEY, REPORT_KEY, SIZES_KEY, STAGE_ASSIGN, SUMS_KEY, TERMS_KEY
-from fedapp.wire import decode_array
+from fedapp.report.stages import (
+    DISTANCES_KEY,
+    REPORT_KEY,
+    SIZES_KEY,
+    STAGE_ASSIGN,
+    SUMS_KEY,
+    TERMS_KEY,
+    decode_cluster_sums,
+    decode_distance_sums,
+)
+from fedapp.wire import decode_array, decode_counts
 from simulation.runner import execute
 
 # A short, cheap run per federated method (add one for every new method: the test fails without it).
@@ -90,7 +97,7 @@ class _Recorder:
     def metrics(self, direction: str, what: str, values: dict[str, Any]) -> None:
         for key, value in values.items():
             if key == "table" and isinstance(value, bytes):
-                self.shapes.append((direction, f"{what} table", decode_table(value).shape))
+                self.shapes.append((direction, f"{what} table", decode_counts(value).shape))
             elif key in DECODERS and isinstance(value, bytes):  # the final report's aggregates
                 for shape in DECODERS[key](value):
                     self.shapes.append((direction, f"{what} {key}", shape))

@@ -14,10 +14,10 @@ import pytest
 from flwr.common import Code, Context, EvaluateRes, RecordDict, Status
 
 import clients.base
+import clients.report
 from clients.kfed import KFedClient
 from fedapp.config.run import parse_run_config
 from fedapp.launch.resolve import build_overrides
-from fedapp.metrics.label_free import encode_arrays
 from fedapp.privacy.dp import (
     REPORT_RELEASES,
     STATE_KEY,
@@ -25,7 +25,7 @@ from fedapp.privacy.dp import (
     distance_sensitivity,
     sum_count_sensitivity,
 )
-from fedapp.report.stages import NOISY_KEY, STAGE_ASSIGN, STAGE_DISTANCES
+from fedapp.report.stages import NOISY_KEY, STAGE_ASSIGN, STAGE_DISTANCES, encode_noisy
 from simulation.runner import execute
 from strategies.kfed import KFedStrategy
 from tests.flower_mocks import mock_proxy
@@ -53,8 +53,8 @@ class _Spy:
 def test_noisy_report_is_released_from_clipped_records_and_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spy = _Spy(clients.base.gaussian_mechanism)
-    monkeypatch.setattr(clients.base, "gaussian_mechanism", spy)
+    spy = _Spy(clients.report.gaussian_mechanism)
+    monkeypatch.setattr(clients.report, "gaussian_mechanism", spy)
     clip = 0.5
     summary = _run(tmp_path, {"dp.report": "noise", "dp.clip": clip})
     privacy = summary["privacy"]["dp"]
@@ -106,11 +106,11 @@ def test_strategy_clamps_nonsense_noisy_totals(tmp_path: Path) -> None:
     sums = [np.array([[5.0, -1.0], [3.0, 2.0], [9.0, 9.0]]), np.array([[1.0, 1.0], [-2.0, 0.5], [1.0, 1.0]])]
     results = [
         (mock_proxy(f"c{i}"), EvaluateRes(Status(Code.OK, ""), 0.0, 0, {"partition-id": i, NOISY_KEY: blob}))
-        for i, blob in enumerate(encode_arrays(sizes=s, sums=m) for s, m in zip(sizes, sums, strict=True))
+        for i, blob in enumerate(encode_noisy(sizes=s, sums=m) for s, m in zip(sizes, sums, strict=True))
     ]
-    assert strategy.aggregate_report(STAGE_ASSIGN, results, [])
-    assert strategy.report["cluster_sizes"] == [0, 42, 10]
-    noisy = encode_arrays(
+    assert strategy.final_report.aggregate(STAGE_ASSIGN, results, [])
+    assert strategy.final_report.summary["cluster_sizes"] == [0, 42, 10]
+    noisy = encode_noisy(
         distance_sums=np.array([3.0, -50.0, 2.0]),
         squared_sums=np.array([1.0, 8.0, -1.0]),
         silhouette_sum=99.0,
@@ -119,8 +119,8 @@ def test_strategy_clamps_nonsense_noisy_totals(tmp_path: Path) -> None:
         (mock_proxy(f"c{i}"), EvaluateRes(Status(Code.OK, ""), 0.0, 0, {"partition-id": i, NOISY_KEY: noisy}))
         for i in range(2)
     ]
-    strategy.aggregate_report(STAGE_DISTANCES, replies, [])
-    metrics = strategy.report["label_free"]
+    strategy.final_report.aggregate(STAGE_DISTANCES, replies, [])
+    metrics = strategy.final_report.summary["label_free"]
     assert metrics["inertia"] == pytest.approx(16.0) and metrics["simplified_silhouette"] == pytest.approx(
         1.0
     )

@@ -104,7 +104,7 @@ def _strategy(tmp_path: Path) -> FFCMStrategy:
         {"method": "ffcm", "dataset": "digits", "out-dir": str(tmp_path), "k": K, "secagg": True}
     )
     strategy = FFCMStrategy(cfg)
-    strategy._report_cids = ["c0", "c1", "c2"]
+    strategy.final_report.asked = ["c0", "c1", "c2"]
     return strategy
 
 
@@ -126,25 +126,25 @@ def test_strategy_merges_secure_totals_and_retries_when_secagg_would_clip(tmp_pa
     ]
     strategy = _strategy(tmp_path)
     clipped = [{ROWS_KEY: n, CLIPPED_KEY: 2 if i == 1 else 0} for i, n in enumerate(weights)]
-    retry = strategy.aggregate_secure_report(
+    retry = strategy.final_report.aggregate_secure(
         STAGE_ASSIGN, _secure_results(arrays, weights, clipped), [], 1.0, False
     )
-    assert retry == SECURE_RETRY and "label_free" not in strategy.report
+    assert retry == SECURE_RETRY and "label_free" not in strategy.final_report.summary
     fine = [{ROWS_KEY: n, CLIPPED_KEY: 0} for n in weights]
-    done = strategy.aggregate_secure_report(
+    done = strategy.final_report.aggregate_secure(
         STAGE_ASSIGN, _secure_results(arrays, weights, fine), [], 1.0, False
     )
     assert done == SECURE_DONE
-    assert strategy.report["assigned_rows"] == {"0": 40, "1": 75, "2": 23}
-    assert strategy.report["cluster_sizes"] == merge_cluster_sums(parts).counts.tolist()
-    assert strategy.report["secagg"]["attempts"] == {STAGE_ASSIGN: 2}
-    pooled: ClusterSums = strategy._pooled_sums()
+    assert strategy.final_report.summary["assigned_rows"] == {"0": 40, "1": 75, "2": 23}
+    assert strategy.final_report.summary["cluster_sizes"] == merge_cluster_sums(parts).counts.tolist()
+    assert strategy.final_report.summary["secagg"]["attempts"] == {STAGE_ASSIGN: 2}
+    pooled: ClusterSums = strategy.final_report.pooled_sums()
     means = pooled_means(pooled)
     distances = [distance_sums(x, labels, means, pooled.counts) for x, labels in clients]
     results = _secure_results([secure_distance_arrays(d, 1.0) for d in distances], weights, fine)
-    assert strategy.aggregate_secure_report(STAGE_DISTANCES, results, [], 1.0, True) == SECURE_DONE
+    assert strategy.final_report.aggregate_secure(STAGE_DISTANCES, results, [], 1.0, True) == SECURE_DONE
     plain = label_free_metrics(merge_cluster_sums(parts), merge_distance_sums(distances))
-    assert strategy.report["label_free"]["inertia"] == pytest.approx(plain["inertia"], rel=1e-4)
+    assert strategy.final_report.summary["label_free"]["inertia"] == pytest.approx(plain["inertia"], rel=1e-4)
 
 
 def test_secure_report_reply_carries_no_clients_statistics_in_the_clear() -> None:
@@ -157,7 +157,7 @@ def test_secure_report_reply_carries_no_clients_statistics_in_the_clear() -> Non
     )
     centres = client.data.features[:K] + 0.1
     config = {REPORT_KEY: STAGE_ASSIGN, SCALE_KEY: 1.0}
-    arrays, n, metrics = client.secure_report([centres], config)
+    arrays, n, metrics = client.final_report.secure([centres], config)
     allowed = {"partition-id", "k", ROWS_KEY, "score-kind", "floor-withheld", CLEAR_KEY, CLIPPED_KEY}
     assert set(metrics) <= allowed and not {SIZES_KEY, SUMS_KEY, TABLE_KEY} & set(metrics)
     assert n == client.data.n_samples and metrics[CLIPPED_KEY] == 0
@@ -165,7 +165,9 @@ def test_secure_report_reply_carries_no_clients_statistics_in_the_clear() -> Non
     counts = np.bincount(client.predict([centres], {}), minlength=K)
     np.testing.assert_allclose(arrays[0] * n, counts)  # sizes / n: what SecAgg+ masks, never in the clear
     means = np.zeros((K, client.data.features.shape[1]))
-    arrays, _, metrics = client.secure_report([means, counts], {REPORT_KEY: STAGE_DISTANCES, SCALE_KEY: 0.5})
+    arrays, _, metrics = client.final_report.secure(
+        [means, counts], {REPORT_KEY: STAGE_DISTANCES, SCALE_KEY: 0.5}
+    )
     assert DISTANCES_KEY not in metrics and len(arrays) == 4 and arrays[3][0] == pytest.approx(1.0)
 
 

@@ -5,7 +5,7 @@ fit or evaluate call) to the reply's metrics, so the server can split a round in
 clients' compute and the rest (transport, scheduling); and, with `checkpoint-every` / `resume`, it saves
 `context.state` after each fit and reloads it once after a resume (see fedapp/app/checkpoint.py). A fit
 message that carries the final report's stage (`fedapp.report.stages`, sent so under SecAgg+) goes to the
-client's `secure_report`, not to the method's training step.
+client's report (`final_report.secure`, clients/report.py), not to the method's training step.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class ManagedClient(NumPyClient):
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         started = time.perf_counter()
         if REPORT_KEY in config:  # the final report through SecAgg+: no training, nothing to checkpoint
-            arrays, n, metrics = self.inner.secure_report(parameters, config)  # type: ignore[attr-defined]
+            report = self.inner.final_report  # type: ignore[attr-defined]  # every client composes one
+            arrays, n, metrics = report.secure(parameters, config)
             return arrays, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
         self._restore_once(config)
         arrays, n, metrics = self.inner.fit(parameters, config)

@@ -54,9 +54,45 @@ from fedapp.report.stages import SECURE_DONE, SECURE_RETRY, STAGES
 REPORT_GROUP = 0  # message group id of the final report (Flower's rounds start at 1)
 
 
+class ReportStages(Protocol):
+    """The final report's stages (`fedapp.report.stages`), as a strategy's report object runs them."""
+
+    def configure(self, stage: str, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """The instructions for `stage` ([]: nothing to do)."""
+        ...
+
+    def aggregate(
+        self,
+        stage: str,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> bool:
+        """Take a stage's replies; False: the report cannot go on."""
+        ...
+
+    def configure_secure(
+        self, stage: str, client_manager: ClientManager, scale: float
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """The instructions for `stage` as SecAgg+ fit messages, the sums times `scale`."""
+        ...
+
+    def aggregate_secure(
+        self,
+        stage: str,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+        scale: float,
+        last_try: bool,
+    ) -> str:
+        """Take a stage's secure totals: SECURE_DONE, SECURE_RETRY (smaller scale) or SECURE_STOP."""
+        ...
+
+
 @runtime_checkable
 class FinalizingStrategy(Protocol):
     """What the loop needs from a strategy beyond Flower's `Strategy` interface."""
+
+    final_report: ReportStages
 
     @property
     def done(self) -> bool:
@@ -69,18 +105,6 @@ class FinalizingStrategy(Protocol):
 
     def round_done(self, server_round: int) -> None:
         """A round (fit and evaluation) is over: the moment to checkpoint."""
-        ...
-
-    def configure_report(
-        self, stage: str, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """The final report's instructions for `stage` ([] : nothing to do)."""
-        ...
-
-    def aggregate_report(
-        self, stage: str, results: list[tuple[ClientProxy, EvaluateRes]], failures: list[BaseException]
-    ) -> bool:
-        """Take a report stage's replies; False: the report cannot go on."""
         ...
 
     def resume_point(self) -> tuple[int, Parameters | None]:
@@ -158,16 +182,17 @@ def run_report(
     timeout: float | None,
     max_workers: int | None,
 ) -> None:
-    """The final report (`fedapp.report.stages`): each stage's messages out, replies to the strategy."""
+    """The final report (`fedapp.report.stages`): each stage's messages out, replies to the report."""
+    report = strategy.final_report
     for stage in STAGES:
-        instructions = strategy.configure_report(stage, client_manager)
+        instructions = report.configure(stage, client_manager)
         if not instructions:
             return
         if _on_grid(instructions):
             results, failures = exchange(instructions, REPORT_GROUP, timeout)
         else:
             results, failures = evaluate_clients(instructions, max_workers, timeout, REPORT_GROUP)  # type: ignore[arg-type]
-        if not strategy.aggregate_report(stage, results, failures):  # type: ignore[arg-type]
+        if not report.aggregate(stage, results, failures):  # type: ignore[arg-type]
             return
 
 
@@ -226,7 +251,7 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
             strategy.round_done(server_round)
             if strategy.done:
                 break
-        run_secure_report(grid, legacy, cfg, config.round_timeout)
+        run_secure_report(grid, legacy, strategy.final_report, cfg, config.round_timeout)
     except BaseException as exc:
         strategy.finalize(failure=f"{type(exc).__name__}: {exc}")
         raise
@@ -245,14 +270,14 @@ class SecureReportStage:
     Flower's SecAgg+ aggregates the report's statistics as it does a training round
     (`fedapp.report.stages`)."""
 
-    def __init__(self, strategy: FinalizingStrategy, stage: str, scale: float, last_try: bool) -> None:
-        self.strategy, self.stage, self.scale, self.last_try = strategy, stage, scale, last_try
+    def __init__(self, report: ReportStages, stage: str, scale: float, last_try: bool) -> None:
+        self.report, self.stage, self.scale, self.last_try = report, stage, scale, last_try
         self.outcome: str | None = None  # None: SecAgg+ never got to aggregate (too few clients, a failure)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        return self.strategy.configure_secure_report(self.stage, client_manager, self.scale)  # type: ignore[attr-defined]
+        return self.report.configure_secure(self.stage, client_manager, self.scale)
 
     def aggregate_fit(
         self,
@@ -260,13 +285,13 @@ class SecureReportStage:
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[None, dict]:
-        self.outcome = self.strategy.aggregate_secure_report(  # type: ignore[attr-defined]
-            self.stage, results, failures, self.scale, self.last_try
-        )
+        self.outcome = self.report.aggregate_secure(self.stage, results, failures, self.scale, self.last_try)
         return None, {}  # the global model stays as it is
 
 
-def run_secure_report(grid: Grid, legacy: LegacyContext, cfg: RunConfig, timeout: float | None) -> None:
+def run_secure_report(
+    grid: Grid, legacy: LegacyContext, report: ReportStages, cfg: RunConfig, timeout: float | None
+) -> None:
     """The final report with its statistics aggregated by SecAgg+ (each stage a secure fit round,
     message group `REPORT_GROUP`): the server learns the totals, not a client's sizes or sums. A stage
     whose values SecAgg+ would clip is asked again with the sums scaled down (a public factor)."""
@@ -275,7 +300,7 @@ def run_secure_report(grid: Grid, legacy: LegacyContext, cfg: RunConfig, timeout
     for stage in STAGES:
         scale = 1.0
         for attempt in range(SECURE_REPORT_TRIES):
-            adapter = SecureReportStage(legacy.strategy, stage, scale, attempt == SECURE_REPORT_TRIES - 1)  # type: ignore[arg-type]
+            adapter = SecureReportStage(report, stage, scale, attempt == SECURE_REPORT_TRIES - 1)
             context = LegacyContext(
                 legacy, config=legacy.config, strategy=adapter, client_manager=legacy.client_manager
             )  # type: ignore[arg-type]

@@ -5,20 +5,14 @@ calls `clustering_metrics`. Every metric is a function of the summed table alone
 scikit-learn returns on the pooled label vectors (tests check this to 1e-9), degenerate cases included.
 """
 
-import struct
-
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-# Wire format of an encoded table: magic, NumPy dtype string (3 ASCII bytes), rows, cols, then the
-# counts in row-major order in the narrowest unsigned dtype that holds the largest count.
-_MAGIC = b"FCT1"
-_HEADER = struct.Struct("<4s3sII")
-_WIRE_DTYPES = ("|u1", "<u2", "<u4", "<u8")
+from fedapp.wire import encode_counts
 
 
 class MetricsError(ValueError):
-    """Labels, a contingency table or an encoded table that cannot be evaluated."""
+    """Labels or a contingency table that cannot be evaluated."""
 
 
 def contingency_table(pred: np.ndarray, true: np.ndarray, n_clusters: int, n_classes: int) -> np.ndarray:
@@ -71,40 +65,9 @@ def hungarian_mapping(table: np.ndarray) -> np.ndarray:
 
 
 def encode_table(table: np.ndarray) -> bytes:
-    """Serialise a table compactly (self-describing header) for a Flower metrics value."""
-    counts = _check_table(table)
-    largest = int(counts.max())
-    wire_dtype = next(code for code in _WIRE_DTYPES if largest <= np.iinfo(np.dtype(code)).max)
-    header = _HEADER.pack(_MAGIC, wire_dtype.encode("ascii"), *counts.shape)
-    return header + counts.astype(wire_dtype).tobytes(order="C")
-
-
-def decode_table(blob: bytes) -> np.ndarray:
-    """Inverse of `encode_table`; rejects anything that is not a well-formed encoded table.
-
-    Negative counts and non-2-D tables cannot be expressed in the format (unsigned counts, two
-    dimensions), so a blob that decodes is a valid table.
-    """
-    if not isinstance(blob, bytes | bytearray | memoryview):
-        raise MetricsError(f"an encoded table must be bytes, got {type(blob).__name__}")
-    blob = bytes(blob)
-    if len(blob) < _HEADER.size:
-        raise MetricsError(f"encoded table too short: {len(blob)} bytes, the header alone is {_HEADER.size}")
-    magic, dtype_code, n_rows, n_cols = _HEADER.unpack_from(blob)
-    if magic != _MAGIC:
-        raise MetricsError(f"not an encoded contingency table (magic {magic!r}, expected {_MAGIC!r})")
-    wire_dtype = dtype_code.decode("ascii", errors="replace")
-    if wire_dtype not in _WIRE_DTYPES:
-        raise MetricsError(f"unsupported count dtype {wire_dtype!r}; expected one of {_WIRE_DTYPES}")
-    if n_rows < 1 or n_cols < 1:
-        raise MetricsError(f"encoded table has an empty shape ({n_rows}, {n_cols})")
-    expected = _HEADER.size + n_rows * n_cols * np.dtype(wire_dtype).itemsize
-    if len(blob) != expected:
-        raise MetricsError(f"encoded ({n_rows}, {n_cols}) table should be {expected} bytes, got {len(blob)}")
-    counts = np.frombuffer(blob, dtype=wire_dtype, offset=_HEADER.size).reshape(n_rows, n_cols)
-    if counts.max() > np.iinfo(np.int64).max:
-        raise MetricsError("encoded table holds a count that does not fit in int64")
-    return counts.astype(np.int64)
+    """A contingency table's wire form for a Flower metrics value (`fedapp.wire.encode_counts`; the
+    server reads it with `decode_counts`)."""
+    return encode_counts(_check_table(table))
 
 
 def _check_labels(labels: np.ndarray, name: str, n_values: int) -> np.ndarray:

@@ -16,15 +16,12 @@ row takes are ignored, as scikit-learn only sees the labels present.
 
 For text methods, `cluster_term_counts` / `merge_term_counts` / `ctfidf_keywords` name each cluster by
 c-TF-IDF over per-cluster document frequencies, dropping locally rare terms before anything is sent.
-The `encode_*` / `decode_*` pairs give the bytes that travel in Flower metrics; decoding validates.
+How these statistics travel in Flower metrics is the report protocol's (`fedapp.report.stages`).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import math
-import zipfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -38,7 +35,7 @@ LabelFreeMetrics = dict[str, float | int | list[int] | None]
 
 
 class LabelFreeError(ValueError):
-    """Features, labels, per-cluster sums or an encoded blob that cannot give label-free metrics."""
+    """Features, labels or per-cluster sums that cannot give label-free metrics."""
 
 
 def _frozen_array(values: Any, name: str, ndim: int, kinds: str, dtype: type) -> np.ndarray:
@@ -300,74 +297,6 @@ def label_free_metrics(sums: ClusterSums, distances: DistanceSums) -> LabelFreeM
     return metrics
 
 
-def _savez(**arrays: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def _loadz(blob: bytes, names: set[str], what: str) -> dict[str, np.ndarray]:
-    """The arrays of an .npz blob holding exactly `names`, without unpickling anything."""
-    if not isinstance(blob, bytes | bytearray | memoryview):
-        raise LabelFreeError(f"encoded {what} must be bytes, got {type(blob).__name__}")
-    try:
-        with np.load(io.BytesIO(bytes(blob)), allow_pickle=False) as archive:
-            if set(archive.files) != names:
-                raise LabelFreeError(
-                    f"encoded {what} holds {sorted(archive.files)}, expected {sorted(names)}"
-                )
-            return {name: archive[name] for name in names}
-    except LabelFreeError:
-        raise
-    except (ValueError, OSError, EOFError, KeyError, AttributeError, zipfile.BadZipFile) as exc:
-        raise LabelFreeError(f"encoded {what} is not a valid .npz archive: {exc}".splitlines()[0]) from None
-
-
-def encode_arrays(**arrays: np.ndarray) -> bytes:
-    """Named float arrays (the report's noisy statistics under DP) as one .npz metrics value."""
-    return _savez(**{name: np.asarray(a, dtype=np.float64) for name, a in arrays.items()})
-
-
-def decode_arrays(blob: bytes, names: set[str], what: str) -> dict[str, np.ndarray]:
-    """Validated inverse of `encode_arrays`: exactly `names`, finite real values."""
-    arrays = _loadz(blob, names, what)
-    return {name: _frozen_array(a, name, a.ndim, "iuf", np.float64) for name, a in arrays.items()}
-
-
-def encode_cluster_sums(sums: ClusterSums) -> bytes:
-    """Wire form of pass-1 sums (an .npz archive) for a Flower metrics value."""
-    return _savez(counts=sums.counts, sums=sums.sums)
-
-
-def decode_cluster_sums(blob: bytes) -> ClusterSums:
-    """Validated inverse of `encode_cluster_sums`; LabelFreeError on anything malformed."""
-    arrays = _loadz(blob, {"counts", "sums"}, "cluster sums")
-    return ClusterSums(arrays["counts"], arrays["sums"])
-
-
-def encode_distance_sums(distances: DistanceSums) -> bytes:
-    """Wire form of pass-2 sums (an .npz archive) for a Flower metrics value."""
-    return _savez(
-        distance_sums=distances.distance_sums,
-        squared_sums=distances.squared_sums,
-        silhouette_sum=np.float64(distances.silhouette_sum),
-        n=np.int64(distances.n),
-    )
-
-
-def decode_distance_sums(blob: bytes) -> DistanceSums:
-    """Validated inverse of `encode_distance_sums`; LabelFreeError on anything malformed."""
-    arrays = _loadz(blob, {"distance_sums", "squared_sums", "silhouette_sum", "n"}, "distance sums")
-    silhouette, n = arrays["silhouette_sum"], arrays["n"]
-    if silhouette.shape != () or silhouette.dtype.kind != "f":
-        raise LabelFreeError(
-            f"silhouette_sum must be a float scalar, got {silhouette.dtype} {silhouette.shape}"
-        )
-    if n.shape != () or n.dtype.kind not in "iu":
-        raise LabelFreeError(f"n must be an integer scalar, got {n.dtype} {n.shape}")
-    return DistanceSums(arrays["distance_sums"], arrays["squared_sums"], float(silhouette), int(n))
-
-
 def cluster_term_counts(
     texts: Sequence[str],
     labels: np.ndarray,
@@ -398,7 +327,8 @@ def cluster_term_counts(
     ]
 
 
-def _check_term_counts(term_counts: Any, what: str) -> list[dict[str, int]]:
+def check_term_counts(term_counts: Any, what: str) -> list[dict[str, int]]:
+    """`term_counts` if it is one term -> count (>= 1) dict per cluster; LabelFreeError naming `what`."""
     if not isinstance(term_counts, list) or not all(isinstance(c, dict) for c in term_counts):
         raise LabelFreeError(f"{what} must be a list of one term -> count dict per cluster")
     for cluster, counts in enumerate(term_counts):
@@ -412,7 +342,7 @@ def _check_term_counts(term_counts: Any, what: str) -> list[dict[str, int]]:
 
 def merge_term_counts(parts: Iterable[list[dict[str, int]]]) -> list[dict[str, int]]:
     """Server side: per-cluster sums of the clients' term counts (all parts must have the same K)."""
-    parts = [_check_term_counts(part, f"part {index}") for index, part in enumerate(parts)]
+    parts = [check_term_counts(part, f"part {index}") for index, part in enumerate(parts)]
     if not parts:
         raise LabelFreeError("no term counts to merge")
     k = len(parts[0])
@@ -432,7 +362,7 @@ def ctfidf_keywords(term_counts: list[dict[str, int]], top_n: int = 10) -> list[
     count_{t,c}, A = mean over clusters that hold any term of sum_t count_{t,c} (BERTopic's topics are
     never empty). Ties go to the alphabetically first term; a cluster without terms gets [].
     """
-    term_counts = _check_term_counts(term_counts, "term counts")
+    term_counts = check_term_counts(term_counts, "term counts")
     if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
         raise LabelFreeError(f"top_n must be a positive integer, got {top_n!r}")
     totals = [sum(counts.values()) for counts in term_counts]
@@ -450,30 +380,3 @@ def ctfidf_keywords(term_counts: list[dict[str, int]], top_n: int = 10) -> list[
         }
         keywords.append(sorted(scores, key=lambda term: (-scores[term], term))[:top_n])
     return keywords
-
-
-def encode_term_counts(term_counts: list[dict[str, int]]) -> bytes:
-    """Wire form of per-cluster term counts: UTF-8 JSON, keys sorted so equal counts give equal bytes."""
-    return json.dumps(_check_term_counts(term_counts, "term counts"), sort_keys=True).encode("utf-8")
-
-
-def _no_duplicate_terms(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    as_dict = dict(pairs)
-    if len(as_dict) != len(pairs):
-        raise LabelFreeError("encoded term counts repeat a term within a cluster")
-    return as_dict
-
-
-def decode_term_counts(blob: bytes, k: int) -> list[dict[str, int]]:
-    """Validated inverse of `encode_term_counts` for `k` clusters; LabelFreeError on anything malformed."""
-    k = _check_k(k)
-    if not isinstance(blob, bytes | bytearray | memoryview):
-        raise LabelFreeError(f"encoded term counts must be bytes, got {type(blob).__name__}")
-    try:
-        decoded = json.loads(bytes(blob).decode("utf-8"), object_pairs_hook=_no_duplicate_terms)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise LabelFreeError(f"encoded term counts are not UTF-8 JSON: {exc}".splitlines()[0]) from None
-    term_counts = _check_term_counts(decoded, "encoded term counts")
-    if len(term_counts) != k:
-        raise LabelFreeError(f"encoded term counts hold {len(term_counts)} clusters, expected {k}")
-    return term_counts

@@ -21,16 +21,15 @@ a SUM total is off by about sqrt(m) * clip * max_weight / 2**22 (m clients), a M
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 import numpy as np
 
-from fedapp.wire import ArraySpec, ReplyError
+from fedapp.wire import ArraySpec, ReplyError, decode_arrays, encode_arrays
 
 SUM, MEAN, CLEAR = "sum", "mean", "clear"
 MODES = (SUM, MEAN, CLEAR)
-CLEAR_KEY = "secagg-clear"  # metrics: the reply's CLEAR arrays, `np.savez` bytes
+CLEAR_KEY = "secagg-clear"  # metrics: the reply's CLEAR arrays (`fedapp.wire.encode_arrays`, positional)
 CLIPPED_KEY = "secagg-clipped"  # metrics: how many uploaded values SecAgg+ will clip (should be 0)
 SECAGG_QUANTISATION_RANGE = 1 << 22  # flwr's SecAggPlusWorkflow default, which server_loop keeps
 
@@ -43,25 +42,16 @@ def model_modes(arrays: Sequence[np.ndarray] | Sequence[str]) -> list[str]:
     return [CLEAR if kind in "iub" else MEAN for kind in kinds]
 
 
-def encode_clear(arrays: Sequence[np.ndarray]) -> bytes:
-    """CLEAR arrays as one metrics value (`np.savez`, no pickle)."""
-    buffer = io.BytesIO()
-    np.savez(buffer, *[np.asarray(a) for a in arrays])  # not ascontiguousarray: it makes 0-d arrays 1-d
-    return buffer.getvalue()
-
-
 def decode_clear(blob: object, count: int) -> list[np.ndarray]:
-    """The inverse of `encode_clear`; ReplyError unless it holds exactly `count` arrays."""
-    if not isinstance(blob, bytes):
-        raise ReplyError(f"metrics lack the bytes of '{CLEAR_KEY}'")
-    try:
-        with np.load(io.BytesIO(blob), allow_pickle=False) as saved:
-            arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    except (OSError, ValueError, EOFError, KeyError) as exc:
-        raise ReplyError(f"undecodable '{CLEAR_KEY}': {exc}") from None
+    """A reply's CLEAR arrays (`CLEAR_KEY`, positional `fedapp.wire.encode_arrays`); ReplyError unless it
+    holds exactly `count` of them."""
+    arrays = decode_arrays(blob, f"'{CLEAR_KEY}'")
+    names = [f"arr_{i}" for i in range(count)]
     if len(arrays) != count:
         raise ReplyError(f"'{CLEAR_KEY}' holds {len(arrays)} arrays, expected {count}")
-    return arrays
+    if set(arrays) != set(names):
+        raise ReplyError(f"'{CLEAR_KEY}' holds {sorted(arrays)}, expected {names}")
+    return [arrays[name] for name in names]
 
 
 def secure_upload(
@@ -83,7 +73,7 @@ def secure_upload(
             values = np.asarray(array, dtype=np.float64)
             masked.append(values / n if mode == SUM else values)
     clipped = int(sum(int((np.abs(a) > clip).sum()) for a in masked))
-    return masked, {CLEAR_KEY: encode_clear(clear), CLIPPED_KEY: clipped}
+    return masked, {CLEAR_KEY: encode_arrays(*clear), CLIPPED_KEY: clipped}
 
 
 def secure_specs(specs: Sequence[ArraySpec], modes: Sequence[str]) -> list[ArraySpec]:
