@@ -33,17 +33,14 @@ from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, al
 from fedapp.privacy.dp import (
     RELEASES_KEY,
     clip_rows,
-    count_releases,
     distance_sensitivity,
     gaussian_mechanism,
-    noise_multiplier,
-    report_releases,
     secret_rng,
     sum_count_sensitivity,
-    total_releases,
 )
 from fedapp.privacy.floor import WITHHELD_KEY, min_cluster_size
 from fedapp.privacy.secagg import SUM, secure_upload
+from fedapp.privacy.uplink import Uplink
 from fedapp.report.assignments import ASSIGNMENTS_FILE, node_out_dir, run_name, write_assignments
 from fedapp.report.stages import (
     DISTANCES_KEY,
@@ -106,6 +103,7 @@ class ClusteringClient(NumPyClient):
         self.k = cfg.k or self.data.n_classes
         self.seed = client_seed(cfg.seed, self.partition_id)
         self.floor = min_cluster_size(cfg.min_cluster_size, context.node_config)  # fedapp.privacy.floor
+        self.uplink = Uplink(cfg, context.state, self.partition_id, self.floor)  # plain, SecAgg+ or DP
 
     @property
     def owns_file(self) -> bool:
@@ -274,7 +272,7 @@ class ClusteringClient(NumPyClient):
         covers small clusters; no term counts or table: they are not noised)."""
         dp = self.cfg.dp
         metrics: dict[str, Scalar] = {**self.identity_metrics(), SCORE_KIND_KEY: result.score_kind}
-        if not report_releases(dp, self.cfg.method):
+        if not self.uplink.plan or not self.uplink.plan.report:
             return 0.0, 0, metrics
         z, made = self.report_release()
         metrics[RELEASES_KEY], rng = made, secret_rng(dp, self.partition_id, made)
@@ -299,7 +297,7 @@ class ClusteringClient(NumPyClient):
         sensitivity needs it; the server's means are public, noisy). Records of clusters the pooled
         counts call empty sit out (a choice by each record's own label and public data)."""
         dp = self.cfg.dp
-        if not report_releases(dp, self.cfg.method):
+        if not self.uplink.plan or not self.uplink.plan.report:
             raise ValueError(f"client {self.partition_id}: dp.report withholds the report's distances")
         kept = self.report_state()
         means, counts = self.pooled_means(parameters, kept["space"].shape[1])
@@ -321,9 +319,8 @@ class ClusteringClient(NumPyClient):
 
     def report_release(self) -> tuple[float, int]:
         """(noise multiplier, releases made so far) for one more release of the report, within the plan."""
-        planned = total_releases(self.cfg.dp, self.cfg.method, self.cfg.num_rounds)
-        made = count_releases(self.context.state, planned)
-        return noise_multiplier(self.cfg.dp, self.cfg.method, self.cfg.num_rounds), made
+        release = self.uplink.release(report=True)
+        return release.noise_multiplier, release.made
 
 
 class VerticalClient(ClusteringClient):

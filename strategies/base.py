@@ -37,6 +37,7 @@ from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
 from fedapp.report.records import PROGRESS_MARKER, default_out_dir
 from fedapp.wire import ReplyError
 from strategies.hooks import StrategyHooks
+from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord, run_status
 from strategies.replies import (
     ClientReply,
@@ -91,6 +92,7 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         self._empty_rounds = 0
         self._instructed: dict[int, list[str]] = {}
         self.warnings: list[str] = []  # what degraded without failing (summary.json `warnings`)
+        self.privacy = PrivacyLayer(cfg)  # SecAgg+ and DP around the method (`strategies.privacy`)
         self._init_report()
 
     # ------------------------------------------------------------------------------ Strategy API
@@ -139,6 +141,7 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
             self.rounds_run = server_round
             replied = {client.cid for client, _ in results}
             self.record.failures(server_round, failures)
+            self.privacy.arrived(results)
             failed = sorted(set(self._instructed.get(server_round, [])) - replied)  # errors and timeouts
             self.roster.exclude(failed, server_round)
             if self.k is None:
@@ -233,6 +236,8 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         """The decoded reply if it passes `expected_arrays` and `check_reply`; None (logged) otherwise."""
         try:
             reply = decode_reply(client.cid, res, self.expected_arrays(server_round), self.k)
+            if self.sends_releases(server_round):
+                self.privacy.check(reply)
             self.check_reply(server_round, reply)
         except ReplyError as exc:
             log(WARNING, "round %d: rejected reply from client %s: %s", server_round, client.cid, exc)
@@ -268,7 +273,12 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
         """What a checkpoint keeps: the records, the roster and every attribute named in `state_fields`
         by this class or a base class (the configuration is not kept: a resumed run may change it)."""
         state = {name: getattr(self, name) for name in _state_fields(type(self))}
-        return {**state, "record": self.record.state_dict(), "roster": self.roster.state_dict()}
+        return {
+            **state,
+            "record": self.record.state_dict(),
+            "roster": self.roster.state_dict(),
+            "privacy": self.privacy.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The inverse of `state_dict`."""
@@ -276,6 +286,7 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
             setattr(self, name, state[name])
         self.record.load_state_dict(state["record"])
         self.roster.load_state_dict(state["roster"])
+        self.privacy.load_state_dict(state["privacy"])
 
     def round_done(self, server_round: int) -> None:
         """End of a round (fit and evaluation): summary.json says how far the run got (an entry point that
@@ -356,6 +367,7 @@ class ClusteringStrategy(StrategyHooks, ReportingStrategy, Strategy):
             **self.record.summary(),
             "report": self.report,
             "warnings": self.warnings,
+            **self.privacy.summary(),
             **self.extra_summary(),
         }
 

@@ -55,7 +55,7 @@ from fedapp.metrics.label_free import (
     merge_term_counts,
     pooled_means,
 )
-from fedapp.privacy.dp import RELEASES_KEY, clip_rows, report_summary
+from fedapp.privacy.dp import RELEASES_KEY, clip_rows
 from fedapp.privacy.secagg import CLIPPED_KEY
 from fedapp.report.assignments import SCORE_KINDS
 from fedapp.report.model_store import MODEL_DIR, write_model
@@ -316,13 +316,12 @@ class ReportingStrategy:
     def _count_releases(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> None:
         made = [res.metrics.get(RELEASES_KEY) for _, res in results]
         spent = max((m for m in made if isinstance(m, int)), default=0)
-        self.dp_releases = max(getattr(self, "dp_releases", 0), spent)
+        self.privacy.releases = max(self.privacy.releases, spent)  # type: ignore[attr-defined]
 
     def _take_noisy_assignments(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
         """Stage 1 under DP: the noisy totals (clamped, rounded) or, with `dp.report` withholding,
         only who answered and what their scores mean."""
-        dp = self.cfg.dp  # type: ignore[attr-defined]
-        self.report["dp"] = report_summary(dp, self.cfg.method)  # type: ignore[attr-defined]
+        self.report["dp"] = self.privacy.plan.report_summary()  # type: ignore[attr-defined]
         self._report_sums, self._report_clients, self._report_terms = {}, {}, []
         self._record_score_kinds(results)
         parts, clients, rejected = [], {}, []
@@ -437,7 +436,7 @@ class ReportingStrategy:
             )
             return SECURE_RETRY
         if clipped:
-            self.secagg_clipped = getattr(self, "secagg_clipped", 0) + clipped
+            self.privacy.secagg_clipped += clipped  # type: ignore[attr-defined]
             log(WARNING, "final report (%s): SecAgg+ clipped %d values (raise secagg-clip)", stage, clipped)
         secure["scale"][stage] = scale
         weight = sum(int(res.num_examples) for _, res in results)

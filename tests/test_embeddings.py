@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp import embeddings
+from fedapp.features import embeddings
 from fedapp.features.embeddings import (
     CACHE_DIR_ENV,
     DEFAULT_MODEL,

@@ -19,8 +19,11 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from fedapp.maths.clustering import gaussian_centres, kmeans, nearest_centre
+from fedapp.maths.clustering import gaussian_centres, kmeans, nearest_centre, weighted_centre_sums
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, floored_kmeans
+
+# a count total below half a record is empty: exact counts are integers, SecAgg+'s totals are off by rounding
+EMPTY_TOTAL = 0.5
 
 
 # ------------------------------------------------------------------------------------- schedule
@@ -403,12 +406,18 @@ def padded_centres(points: np.ndarray, weights: np.ndarray | None, k: int, seed:
     return np.vstack([points, extra])
 
 
+def centres_from_totals(
+    weighted: np.ndarray, total: np.ndarray, previous: np.ndarray, min_total: float = EMPTY_TOTAL
+) -> np.ndarray:
+    """Eq. 16 from the federation's totals: C̃_k = Σ_μ n_k^(μ) C_k^(μ) / Σ_η n_k^(η) = `weighted` / `total`;
+    a cluster with fewer than `min_total` records in total (none, for exact counts) keeps its previous C̃_k."""
+    held = total >= min_total
+    return np.where(held[:, None], weighted / np.maximum(total, 1.0)[:, None], previous)
+
+
 def aggregate_centres(
     centres: Sequence[np.ndarray], counts: Sequence[np.ndarray], previous: np.ndarray
 ) -> np.ndarray:
-    """Eq. 16: C̃_k = Σ_μ n_k^(μ) C_k^(μ) / Σ_η n_k^(η); a cluster no client holds keeps its previous C̃_k."""
-    stacked = np.stack([np.asarray(c, dtype=np.float64) for c in centres])  # m x K x D
-    sizes = np.stack([np.asarray(n, dtype=np.float64) for n in counts])  # m x K
-    total = sizes.sum(0)
-    weighted = np.einsum("mk,mkd->kd", sizes, stacked)
-    return np.where(total[:, None] > 0, weighted / np.maximum(total, 1.0)[:, None], previous)
+    """Eq. 16 over the clients' local centres C^(μ) and sizes n^(μ); a cluster no client holds keeps its
+    previous C̃_k."""
+    return centres_from_totals(*weighted_centre_sums(centres, counts), previous)
