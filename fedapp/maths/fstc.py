@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import numpy as np
 import scipy.linalg
@@ -47,6 +48,16 @@ def label_update_steps(total_steps: int, updates: int, warmup: int) -> list[int]
 
 # ------------------------------------------------------------------------------------ Sinkhorn
 SHARE_STEP = 0.1  # damping of the self-adaptive shares' update (see `sinkhorn_log_plan`)
+
+
+class SinkhornOptions(TypedDict, total=False):
+    """The optional settings of `sinkhorn_log_plan` (see there), which `pseudo_labels` passes on."""
+
+    max_iters: int
+    tol: float
+    init_log_v: torch.Tensor | None
+    marginal_strength: float | None
+    marginal_barrier: float | None
 
 
 @dataclass(frozen=True)
@@ -157,29 +168,15 @@ def self_adaptive_shares(potentials: torch.Tensor, barrier: float, *, iters: int
 
 
 def pseudo_labels(
-    scores: torch.Tensor,
-    epsilon: float,
-    *,
-    max_iters: int = 1000,
-    tol: float = 1e-6,
-    init_log_v: torch.Tensor | None = None,
-    marginal_strength: float | None = None,
-    marginal_barrier: float | None = None,
+    scores: torch.Tensor, epsilon: float, **options: Unpack[SinkhornOptions]
 ) -> tuple[torch.Tensor, SinkhornResult]:
     """Alg. 1: P = softmax(O), ξ from the OT of Eq. 2, then Q_ik = ξ_ik² / Σ_k' ξ_ik'² (Eq. 7).
 
-    Squaring in the log domain is a row softmax of 2 log ξ, finite for any finite scores.
+    `options` go to `sinkhorn_log_plan` unchanged (its defaults apply). Squaring in the log domain is a
+    row softmax of 2 log ξ, finite for any finite scores.
     """
     log_probs = torch.log_softmax(scores.double(), dim=1)
-    result = sinkhorn_log_plan(
-        log_probs,
-        epsilon,
-        max_iters=max_iters,
-        tol=tol,
-        init_log_v=init_log_v,
-        marginal_strength=marginal_strength,
-        marginal_barrier=marginal_barrier,
-    )
+    result = sinkhorn_log_plan(log_probs, epsilon, **options)
     return torch.softmax(2.0 * result.log_plan, dim=1).to(scores.dtype), result
 
 
