@@ -80,6 +80,21 @@ class MethodSpec:
         return self.table or self.name
 
 
+def _fstc_ablation(name: str, description: str, strategy: str, client: str) -> MethodSpec:
+    """An FSTC ablation: FSTC's texts, keys (its `fstc` table) and rounds, without SecAgg+ or DP."""
+    return MethodSpec(
+        name,
+        description,
+        strategy,
+        client,
+        modalities=("texts",),
+        config=FSTCConfig,
+        table="fstc",
+        default_rounds=41,
+        torch_model=True,
+    )
+
+
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
@@ -187,27 +202,17 @@ METHODS: dict[str, MethodSpec] = {
             when=FSTC_WHEN,
             dp=FSTC_DP,
         ),
-        MethodSpec(
+        _fstc_ablation(
             "fstc-rstc",
             "FSTC-RSTC ablation: pseudo-labels + robust weights, no centre aggregation, final averaging",
             "strategies.fstc:FSTCRSTCStrategy",
             "clients.fstc:FSTCRSTCClient",
-            modalities=("texts",),
-            config=FSTCConfig,
-            table="fstc",
-            default_rounds=41,
-            torch_model=True,
         ),
-        MethodSpec(
+        _fstc_ablation(
             "fstc-stc",
             "FSTC-STC ablation: pseudo-labels only, no centre aggregation, final averaging",
             "strategies.fstc:FSTCSTCStrategy",
             "clients.fstc:FSTCSTCClient",
-            modalities=("texts",),
-            config=FSTCConfig,
-            table="fstc",
-            default_rounds=41,
-            torch_model=True,
         ),
         MethodSpec(
             "fsccl",
