@@ -21,8 +21,8 @@ from fedapp.datasets.local import LocalData, client_seed, local_partition, local
 from fedapp.methods import method_spec
 from fedapp.metrics.contingency import contingency_table, encode_table
 from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, aligned_rows, hash_ids, run_key
-from fedapp.privacy.dp import count_releases, noise_multiplier, total_releases
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
+from fedapp.privacy.uplink import Uplink
 from fedapp.report.assignments import node_out_dir, run_name
 from fedapp.report.stages import REPORT_KEY, SIZES_KEY, TABLE_KEY, Assignment
 from fedapp.wire import encode_array
@@ -68,6 +68,7 @@ class ClusteringClient(NumPyClient):
         self.seed = client_seed(cfg.seed, self.partition_id)
         # fedapp.privacy.floor: the ClientApp folded the node's floor into cfg; the client's own holds anyway
         self.floor = max(CLIENT_MIN_CLUSTER, cfg.min_cluster_size)
+        self.uplink = Uplink(cfg, context.state, self.partition_id, self.floor)  # plain, SecAgg+ or DP
         self.final_report = ClientReport(self)
 
     @property
@@ -120,13 +121,6 @@ class ClusteringClient(NumPyClient):
         """Where this node writes its records' clusters (node config `node-out-dir`, merged, wins)."""
         name = run_name(self.cfg.out_dir, self.cfg.method, self.cfg.dataset, self.cfg.seed)
         return node_out_dir(self.cfg.node_out_dir, self.partition_id, name)
-
-    def report_release(self) -> tuple[float, int]:
-        """(noise multiplier, releases made so far) for one more release of the report, within the
-        method's plan (a method whose plan depends on its own keys overrides it, as FSTC does)."""
-        planned = total_releases(self.cfg.dp, self.cfg.method, self.cfg.num_rounds)
-        made = count_releases(self.context.state, planned)
-        return noise_multiplier(self.cfg.dp, self.cfg.method, self.cfg.num_rounds), made
 
 
 class VerticalClient(ClusteringClient):

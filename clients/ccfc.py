@@ -5,9 +5,9 @@ client receives the global model w^g (and, from the last pre-training round on, 
 replaces its weights with w^g, trains one local epoch (or `local-steps` batches) with Adam whose moments
 persist in `context.state`, and returns its weights (+ its k local centroids when the server asks).
 
-Under differential privacy (`dp.epsilon` > 0, `fedapp.privacy.dp`) the reply is one client-level Gaussian
-release
-per round (`private_reply`): the model delta w^l - w^g (parameters and BatchNorm running statistics) is
+What leaves the client is the uplink's (`fedapp.privacy.uplink`): plain, SecAgg+ (the model averaged
+securely, the centroids in the clear) or, under differential privacy (`dp.epsilon` > 0), one client-level
+Gaussian release per round: the model delta w^l - w^g (parameters and BatchNorm running statistics) is
 clipped to `dp.model-clip`, the local centroids (rows of norm <= 1, scaled by model-clip / sqrt(k): the
 cosine assignment and the server's k-means do not change under one common scale) are a second part
 clipped alike, and both get N(0, (z * model-clip * sqrt(2))^2). The step counter goes back as received
@@ -33,12 +33,10 @@ from fedapp.methods.ccfc import (
     CLUSTER,
     PHASE_KEY,
     PRETRAIN,
-    SECAGG_KEY,
     SETUP,
     SHAPE_KEYS,
     WANT_CENTROIDS_KEY,
     CCFCConfig,
-    secure_modes,
 )
 from fedapp.models.ccfc import build_model
 from fedapp.neural.glue import (
@@ -55,18 +53,8 @@ from fedapp.neural.glue import (
     state_schema,
 )
 from fedapp.neural.training import BatchCursor, TrainStats, train_steps
-from fedapp.privacy.dp import (
-    RELEASES_KEY,
-    clip_rows,
-    count_releases,
-    noise_multiplier,
-    planned_releases,
-    private_update,
-    released_arrays,
-    secret_rng,
-)
+from fedapp.privacy.dp import clip_rows, released_arrays
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, capped_clusters, merge_small_clusters
-from fedapp.privacy.secagg import secure_upload
 from fedapp.report.stages import Assignment
 
 ENCODE_BATCH = 512  # inference batch: memory only, results do not depend on it
@@ -305,40 +293,22 @@ class CCFCClient(ClusteringClient):
             if new_centroids is not None:
                 state[OWN_CENTROIDS_KEY] = ArrayRecord({"centroids": Array(new_centroids)})
             return [], self.data.n_samples, metrics
-        metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
-        if self.cfg.dp.enabled:
-            return self.private_reply(parameters, model, new_centroids, metrics)
-        extra = [new_centroids] if new_centroids is not None else []
-        arrays = state_arrays(model)
-        if config.get(SECAGG_KEY):  # Eq. 8 through SecAgg+; the centroids are not a sum: in the clear
-            modes = secure_modes([str(a.dtype) for a in arrays], bool(extra))
-            masked, secure_metrics = secure_upload(
-                arrays + extra, modes, self.data.n_samples, self.cfg.secagg_clip
-            )
-            return masked, self.data.n_samples, {**metrics, **secure_metrics}
-        return arrays + extra, self.data.n_samples, metrics
-
-    def private_reply(
-        self,
-        parameters: NDArrays,
-        model: nn.Module,
-        centroids: np.ndarray | None,
-        metrics: dict[str, Scalar],
-    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """One client-level release (module docstring), counted against the plan first."""
-        dp, schema = self.cfg.dp, state_schema(model)
-        made = count_releases(self.context.state, planned_releases("ccfc", self.cfg.num_rounds, 0))
-        z = noise_multiplier(dp, "ccfc", self.cfg.num_rounds)
+        schema = state_schema(model)
+        metrics[FINGERPRINT_KEY] = schema.fingerprint
         local = state_arrays(model)
-        released = released_arrays(schema.names, local, {name for name, _ in model.named_parameters()})
-        extra = None
-        if centroids is not None:
-            extra = [clip_rows(centroids, 1.0) * (dp.model_clip / np.sqrt(self.k))]
-        received = list(parameters[: len(schema)])
-        state, noisy = private_update(
-            received, local, released, dp.model_clip, z, secret_rng(dp, self.partition_id, made), extra
+        extra = [] if new_centroids is None else [new_centroids]
+        if extra and self.uplink.private:  # a second part of the client-level release (module docstring)
+            extra = [clip_rows(new_centroids, 1.0) * (self.cfg.dp.model_clip / np.sqrt(self.k))]
+        # Eq. 8's model is an average (SecAgg+ can hide it); the centroids are not a sum: in the clear
+        parameter_names = {name for name, _ in model.named_parameters()}
+        return self.uplink.send_update(
+            lambda: (list(parameters[: len(schema)]), released_arrays(schema.names, local, parameter_names)),
+            local,
+            self.data.n_samples,
+            metrics,
+            extra=extra,
+            extra_dtypes=[np.dtype(np.float32)] * len(extra),
         )
-        return state + [a.astype(np.float32) for a in noisy], 1, {**metrics, RELEASES_KEY: made}
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         """Eq. 3 under the global model and centroids (standalone: the client's own)."""

@@ -5,38 +5,28 @@ computes its memberships to the global centres and returns the membership-weight
 sum_i u_ij^m x_i (k x d) and sum_i u_ij^m (k); summing these over clients gives exactly the centralized
 FCM centre update, so with `local-iters = 1` federated FCM equals FCM on the pooled data.
 
-Under differential privacy (`dp.epsilon` > 0, `fedapp.privacy.dp`) the client works on its records clipped to
-`dp.clip`, round 1 sends noisy (sum x, sum x*x, count) instead of local FCM centres (local FCM iterates
-on private data, so its centres have no bounded sensitivity), and every later round sends the noisy
-sums and masses; the centres it computes memberships to come from the server, i.e. from earlier noisy
-releases, so one record moves a round's statistics by at most sqrt(clip^2 + 1). The privacy floor's
-withholding is off under DP: deciding by the data whether to send would itself leak (the noise covers
-small clusters instead). The reply's example count is 0: a record count is private under add/remove.
+What leaves the client is the uplink's (`fedapp.privacy.uplink`): the sums go out plain, as SecAgg+
+shares, or as one DP release each round. Under DP (`dp.epsilon` > 0) the client works on its records
+clipped to `dp.clip` (`uplink.records`), round 1 sends the noisy moments (the server asks for moments
+whenever only sums may reach it; local FCM iterates on private data, so its centres have no bounded
+sensitivity and the uplink refuses them), and the centres it computes memberships to come from the
+server, i.e. from earlier noisy releases, so one record moves a round's statistics by at most
+sqrt(clip^2 + 1). The privacy floor's withholding is off under DP (`uplink.floor`) and the example count
+is 0 (a record count is private under add/remove).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import MetricRecord
 from flwr.common import NDArrays, Scalar
 from sklearn.cluster import kmeans_plusplus
 
 from clients.base import ClusteringClient
 from fedapp.maths.clustering import nearest_centre, squared_distances
 from fedapp.methods.ffcm import FFCMConfig
-from fedapp.privacy.dp import (
-    RELEASES_KEY,
-    STATE_KEY,
-    clip_rows,
-    gaussian_mechanism,
-    moments_sensitivity,
-    next_release,
-    noise_multiplier,
-    planned_releases,
-    secret_rng,
-    sum_count_sensitivity,
-)
+from fedapp.privacy.dp import sum_count_sensitivity
 from fedapp.privacy.floor import WITHHELD_KEY, capped_clusters
+from fedapp.privacy.secagg import CLEAR, SUM
 from fedapp.report.stages import Assignment
 
 INIT_ITERS = 100
@@ -95,68 +85,30 @@ def local_fcm(
 class FFCMClient(ClusteringClient):
     @property
     def space(self) -> np.ndarray:
-        """The vectors this client clusters: its features, clipped to dp.clip when DP is on."""
-        if self.cfg.dp.enabled:
-            return clip_rows(self.data.features, self.cfg.dp.clip)
-        return self.data.features
+        """The vectors this client clusters: its records as the uplink lets it use them (clipped under DP)."""
+        return self.uplink.records(self.data.features)
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         m = float(config["fuzziness"])
-        X = self.data.features
-        n = self.data.n_samples
+        X, n = self.space, self.data.n_samples
         capped_clusters(1, n, self.floor)  # fewer records than the floor: nothing may be sent
-        if self.cfg.dp.enabled:
-            return self.fit_private(parameters, config, m)
-        if config["phase"] == "moments":  # a sum the server may only see in total (SecAgg+)
-            X64 = np.asarray(X, dtype=np.float64)
-            return [X64.mean(0), (X64**2).mean(0)], n, self.identity_metrics()
-        if config["phase"] == "init":
+        if config["phase"] == "moments":  # sums the server may only see in total (SecAgg+, DP)
+            return self.uplink.send_moments(X, self.identity_metrics())
+        if config["phase"] == "init":  # local FCM centres are not sums: the server asks only plain runs
             centres, mass = local_fcm(X, capped_clusters(self.k, n, self.floor), m, self.seed)
             effective = fcm_memberships(X, centres, m).sum(0)  # records' worth of membership
             withheld = effective < self.floor
             centres[withheld], mass[withheld] = 0.0, 0.0
-            return [centres, mass], n, {**self.identity_metrics(), WITHHELD_KEY: int(withheld.sum())}
+            metrics = {**self.identity_metrics(), WITHHELD_KEY: int(withheld.sum())}
+            return self.uplink.send([centres, mass], [CLEAR, CLEAR], n, metrics)  # refused under DP
         centres = parameters[0]
         extra_iters = int(config.get("local-iters", 1)) - 1
         if extra_iters > 0:  # local refinement before reporting (not exact FCM any more; documented)
             centres, _ = local_fcm(X, centres.shape[0], m, self.seed, centres=centres, iters=extra_iters)
-        sums, mass = membership_sums(X, centres, m, self.floor)
+        sums, mass = membership_sums(X, centres, m, self.uplink.floor)
         metrics = {**self.identity_metrics(), WITHHELD_KEY: int((mass == 0).sum())}
-        if config.get("secagg"):  # SecAgg+ averages with weights n: send per-sample means, bounded values
-            sums, mass = sums / n, mass / n
-        return [sums, mass], n, metrics
-
-    def fit_private(
-        self, parameters: NDArrays, config: dict[str, Scalar], m: float
-    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """One noisy release (module docstring): counted against the planned schedule first."""
-        dp = self.cfg.dp
-        planned = planned_releases("ffcm", self.cfg.num_rounds, dp.lloyd_iters)
-        made = int(self.context.state[STATE_KEY]["releases"]) if STATE_KEY in self.context.state else 0
-        made = next_release(made, planned)  # raises once the plan is spent
-        self.context.state[STATE_KEY] = MetricRecord({"releases": made})
-        z = noise_multiplier(dp, "ffcm", self.cfg.num_rounds)
-        X = self.space
-        metrics: dict[str, Scalar] = {**self.identity_metrics(), RELEASES_KEY: made}
-        if config["phase"] == "moments":
-            stats = [X.sum(0), (X**2).sum(0), np.array([float(X.shape[0])])]
-            return (
-                gaussian_mechanism(
-                    stats, moments_sensitivity(dp.clip), z, secret_rng(dp, self.partition_id, made)
-                ),
-                0,
-                metrics,
-            )
-        if config["phase"] != "update":
-            raise ValueError(f"phase '{config['phase']}' sends unbounded statistics; under DP only moments")
-        sums, mass = membership_sums(X, parameters[0], m)
-        return (
-            gaussian_mechanism(
-                [sums, mass], sum_count_sensitivity(dp.clip), z, secret_rng(dp, self.partition_id, made)
-            ),
-            0,
-            metrics,
-        )
+        sensitivity = sum_count_sensitivity(self.cfg.dp.clip)  # one record's weights sum to <= 1 (DP)
+        return self.uplink.send([sums, mass], [SUM, SUM], n, metrics, sensitivity=sensitivity)
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         # argmax_j u_ij is the nearest centre, so hard labels need no memberships

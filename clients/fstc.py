@@ -5,8 +5,10 @@ Eq. 14-17, the label-update schedule) are framework-free functions in `fedapp.ma
 `LocalInputs` (a client's samples as the model takes them), `forward_all`, `LabellingState` (what
 Alg. 3 carries between iterations and rounds), `LocalUpdate` (the loop) and the `NumPyClient`s.
 
-Under differential privacy (`dp.epsilon` > 0, `fedapp.privacy.dp`) nothing the locally trained model computes
-leaves the client unclipped and unnoised. The statistics are taken in the *public* representation space
+What leaves the client is the uplink's (`fedapp.privacy.uplink`: plain, SecAgg+ sums, DP releases); the
+choice that is FSTC's own is where its statistics live under differential privacy (`dp.epsilon` > 0):
+nothing the locally trained model computes leaves the client unclipped and unnoised. The statistics are
+taken in the *public* representation space
 of the initial model (built from the run seed, as the server builds it): the locally trained model
 depends on every record, so statistics of its representations would have no per-record sensitivity.
 Round 1 sends noisy (sum E, sum E*E, count) of the clipped initial representations (the moments init);
@@ -15,7 +17,7 @@ noisy releases) and sends noisy per-cluster sums and counts (`dp_centre_statisti
 are a DP Lloyd's k-means in that public space. `fstc.dp-labels` says how records are labelled:
 - `centres` (default): by their nearest global centre in that same space (clipped public representations).
   No model is released, and nothing local training would produce is released or used, so local training
-  is skipped altogether (`private_centre_round`); the global model is the public initial model + C̃.
+  is skipped altogether (`train_round`); the global model is the public initial model + C̃.
 - `model`: argmax O of the final model. The last round's model goes out as the initial model plus a
   clipped, noised delta (`fedapp.privacy.dp.clipped_release`, multiplier 2z: client-level on its own, a z
   release for one record): that noise swamps the trained head, hence not the default.
@@ -57,11 +59,9 @@ from fedapp.methods.fstc import (
     FINAL_KEY,
     INIT_KEY,
     MODEL_KEY,
-    MOMENT_MODES,
     PHASE_INIT,
-    SECAGG_KEY,
     FSTCConfig,
-    secure_train_modes,
+    train_modes,
 )
 from fedapp.metrics.label_free import cluster_sums
 from fedapp.models.fstc import FSTCModel, SentenceEncoder, TokenizedTexts, fstc_model
@@ -80,20 +80,13 @@ from fedapp.neural.glue import (
 )
 from fedapp.neural.training import BatchCursor, TrainStats, train_steps
 from fedapp.privacy.dp import (
-    RELEASES_KEY,
     clip_rows,
     clipped_release,
-    count_releases,
-    gaussian_mechanism,
-    moments_sensitivity,
-    noise_multiplier,
-    planned_releases,
-    secret_rng,
     sum_count_sensitivity,
-    total_releases,
 )
 from fedapp.privacy.floor import WITHHELD_KEY
-from fedapp.privacy.secagg import secure_upload
+from fedapp.privacy.secagg import CLEAR
+from fedapp.privacy.uplink import Reply
 from fedapp.report.stages import Assignment, nearest_with_distance
 
 
@@ -406,39 +399,28 @@ class FSTCClient(ClusteringClient):
         return model
 
     # ------------------------------------------------------------------------------------- fit
-    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> Reply:
         with one_blas_thread():  # the mixture's N x K products: threads cost more than they save
-            if config.get("phase") == PHASE_INIT and self.cfg.dp.enabled:
-                return self.private_initial_reply()
             if config.get("phase") == PHASE_INIT:
-                init = str(config.get(INIT_KEY, self.params.init))
-                reply, n = self.initial_reply(init), self.data.n_samples
-                if config.get(SECAGG_KEY):
-                    return self.secure(reply, list(MOMENT_MODES), self.identity_metrics())
-                return reply, n, self.identity_metrics()
+                return self.initial_reply(str(config.get(INIT_KEY, self.params.init)))
             return self.train_round(list(parameters), config)
 
-    def secure(
-        self, reply: NDArrays, modes: list[str], metrics: dict[str, Scalar]
-    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """The reply as SecAgg+ takes it (`fedapp.privacy.secagg`): sums over n, counters in the clear."""
-        n = self.data.n_samples
-        masked, extra = secure_upload(reply, modes, n, self.cfg.secagg_clip)
-        return masked, n, {**metrics, **extra}
-
-    def initial_reply(self, init: str) -> NDArrays:
+    def initial_reply(self, init: str) -> Reply:
         """Alg. 2 line 2: what the server clusters into (or, for moments, draws) the initial centres."""
-        inputs = self.local_inputs(augmented=False)
+        inputs, identity = self.local_inputs(augmented=False), self.identity_metrics()
+        if self.uplink.private:  # FSTC under DP: the moments of the clipped public representations
+            return self.uplink.send_moments(self.public_representations(inputs)[0], identity)
         representations = (
             forward_all(self.build_model(inputs), inputs, self.update.eval_batch)[0].cpu().numpy()
         )
+        if init == "moments":  # per-sample means: their n-weighted average is the federation's
+            return self.uplink.send_moments(representations, identity)
         if init == "representations":  # the paper's: per-sample vectors leave the client
-            return [representations.astype(np.float32)]
-        if init == "moments":  # per-sample means: SecAgg+'s weighted average is the federation's
-            values = representations.astype(np.float64)
-            return [values.mean(0), (values**2).mean(0)]
-        k_local = self.params.init_local_k or 2 * self.k
-        return local_kmeans_summary(representations, k_local, self.seed, self.floor)
+            arrays = [representations.astype(np.float32)]
+        else:
+            k_local = self.params.init_local_k or 2 * self.k
+            arrays = local_kmeans_summary(representations, k_local, self.seed, self.floor)
+        return self.uplink.send(arrays, [CLEAR] * len(arrays), self.data.n_samples, identity)
 
     # ------------------------------------------------------------------ differential privacy
     def public_model(self, inputs: LocalInputs) -> FSTCModel:
@@ -457,77 +439,40 @@ class FSTCClient(ClusteringClient):
     def centre_labels(self) -> bool:
         """Under DP with `dp-labels = centres`: records are labelled by the nearest global centre in the
         public space, no model is released and no local training runs."""
-        return self.cfg.dp.enabled and not self.params.dp_model_release
-
-    def release(self, new: int = 1) -> tuple[float, dict[str, Scalar]]:
-        """Counts `new` releases against the plan (raises once spent); (z, the reply's metrics)."""
-        dp, method, model_release = self.cfg.dp, "fstc", self.params.dp_model_release
-        planned = planned_releases(method, self.cfg.num_rounds, 0, model_release=model_release)
-        made = count_releases(self.context.state, planned, new)
-        return noise_multiplier(dp, method, self.cfg.num_rounds, model_release=model_release), {
-            **self.identity_metrics(),
-            RELEASES_KEY: made,
-        }
-
-    def report_release(self) -> tuple[float, int]:
-        """The report's release within FSTC's plan, which depends on `dp-labels` (clients/base.py)."""
-        dp, model_release = self.cfg.dp, self.params.dp_model_release
-        planned = total_releases(dp, self.cfg.method, self.cfg.num_rounds, model_release=model_release)
-        made = count_releases(self.context.state, planned)
-        return noise_multiplier(dp, self.cfg.method, self.cfg.num_rounds, model_release=model_release), made
-
-    def private_initial_reply(self) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """Round 1 under DP: noisy (sum E, sum E*E, count) of the clipped public representations."""
-        values, _ = self.public_representations(self.local_inputs(augmented=False))
-        z, metrics = self.release()
-        stats = [values.sum(0), (values**2).sum(0), np.array([float(values.shape[0])])]
-        rng = secret_rng(self.cfg.dp, self.partition_id, int(metrics[RELEASES_KEY]))
-        return gaussian_mechanism(stats, moments_sensitivity(self.cfg.dp.clip), z, rng), 0, metrics
+        return self.uplink.private and not self.params.dp_model_release
 
     def private_reply(
-        self, model: FSTCModel | None, inputs: LocalInputs, global_centres: np.ndarray | None, final: bool
-    ) -> tuple[NDArrays, dict[str, Scalar]]:
-        """A training round's reply under DP: noisy centre statistics (+ the last round's noisy model with
-        `dp-labels = model`; `model` is None with `centres`, which releases none)."""
+        self,
+        model: FSTCModel | None,
+        inputs: LocalInputs,
+        global_centres: np.ndarray | None,
+        metrics: dict[str, Scalar],
+        final: bool,
+    ) -> Reply:
+        """A training round's reply under DP: noisy centre statistics in the public space (+ the last
+        round's noisy model with `dp-labels = model`; `model` is None with `centres`, which releases none)."""
         if global_centres is None:
             raise ClientStateError("under DP every training round needs the global centres")
         values, initial = self.public_representations(inputs)
         with_model = final and model is not None
-        z, metrics = self.release(2 if with_model else 1)
+        release = self.uplink.release(2 if with_model else 1)
         sums, counts = dp_centre_statistics(values, global_centres)
-        made = int(metrics[RELEASES_KEY])
-        rng = secret_rng(self.cfg.dp, self.partition_id, made)
-        reply = gaussian_mechanism([sums, counts], sum_count_sensitivity(self.cfg.dp.clip), z, rng)
+        reply = release.gaussian([sums, counts], sum_count_sensitivity(self.cfg.dp.clip))
+        sent: dict[str, Scalar] = {**self.identity_metrics(), **release.metrics}
         if with_model:
             assert model is not None
-            reply += private_model(
-                state_arrays(model),
-                initial,
-                self.cfg.dp.model_clip,
-                2 * z,
-                secret_rng(self.cfg.dp, self.partition_id, made, 1),
-            )
-            metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
-        return reply, metrics
+            z, clip = release.noise_multiplier, self.cfg.dp.model_clip
+            reply += private_model(state_arrays(model), initial, clip, 2 * z, release.rng(1))
+            sent[FINGERPRINT_KEY] = state_schema(model).fingerprint
+        return reply, 0, {**sent, **metrics}
 
-    def private_centre_round(
-        self, global_centres: np.ndarray | None
-    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """A training round under DP with `dp-labels = centres`: only the noisy centre statistics. Nothing
-        local training would produce is released or used (labels come from the public space), so none
-        runs: no optimizer, pseudo-labels or trained model (the public model only maps the records)."""
-        reply, metrics = self.private_reply(None, self.local_inputs(augmented=False), global_centres, False)
-        return reply, 0, metrics
-
-    def train_round(
-        self, arrays: NDArrays, config: dict[str, Scalar]
-    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    def train_round(self, arrays: NDArrays, config: dict[str, Scalar]) -> Reply:
         state = self.context.state
         global_centres = arrays.pop(0) if config.get(CENTRES_KEY) else None
         if global_centres is not None and global_centres.shape[0] != self.k:
             raise ValueError(f"server sent {global_centres.shape[0]} centres, this client has k={self.k}")
-        if self.centre_labels:
-            return self.private_centre_round(global_centres)
+        if self.centre_labels:  # nothing local training would produce is released or used: none runs
+            return self.private_reply(None, self.local_inputs(augmented=False), global_centres, {}, False)
         inputs = self.local_inputs(augmented=True)
         model = self.build_model(inputs)  # before client_rngs: building draws from the global RNG
         first = bool(config.get(MODEL_KEY))
@@ -568,32 +513,23 @@ class FSTCClient(ClusteringClient):
         save_optimizer(state, STATE_OPTIMIZER, optimizer)
         cursor.save(state, STATE_CURSOR)
         self.keep_labelling(labelling)
-        if self.cfg.dp.enabled:
-            reply, metrics = self.private_reply(model, inputs, global_centres, bool(config.get(FINAL_KEY)))
-            return reply, 0, {**metrics, **stats.metrics(), **updates, "step": labelling.step}
+        progress = {**stats.metrics(), **updates, "step": labelling.step}
+        final = bool(config.get(FINAL_KEY))
+        if self.uplink.private:  # FSTC under DP: statistics in the public space, not the trained model's
+            return self.private_reply(model, inputs, global_centres, progress, final)
         representations, _ = forward_all(model, inputs, self.update.eval_batch)
         centres, counts = cluster_centres(representations, labelling.targets.argmax(1), self.k)  # Eq. 15
         centres, counts, withheld = withhold_small_clusters(centres, counts, self.floor)  # privacy floor
         reply = [counts.cpu().numpy().astype(np.int64)]
         if self.align:
             reply.insert(0, centres.cpu().double().numpy())
-            if config.get(SECAGG_KEY):  # Eq. 16 needs only the per-cluster sums n_k C_k and counts
-                reply[0] = reply[0] * reply[1][:, None]
-        metrics: dict[str, Scalar] = {
-            **self.identity_metrics(),
-            **stats.metrics(),
-            **updates,
-            "step": labelling.step,
-            WITHHELD_KEY: withheld,
-        }
+        metrics: dict[str, Scalar] = {**self.identity_metrics(), **progress, WITHHELD_KEY: withheld}
         model_arrays: NDArrays = []
-        if config.get(FINAL_KEY):
+        if final:
             model_arrays = state_arrays(model)
             metrics[FINGERPRINT_KEY] = state_schema(model).fingerprint
-        if config.get(SECAGG_KEY):
-            modes = secure_train_modes(self.align, [str(a.dtype) for a in model_arrays])
-            return self.secure(reply + model_arrays, modes, metrics)
-        return reply + model_arrays, self.data.n_samples, metrics
+        modes = train_modes(self.align, [str(a.dtype) for a in model_arrays])
+        return self.uplink.send(reply + model_arrays, modes, self.data.n_samples, metrics)
 
     def optimizer(self, model: FSTCModel) -> torch.optim.Optimizer:
         """Adam with the paper's two learning rates: Φ's encoder and the rest (adapter and F)."""

@@ -44,7 +44,6 @@ from fedapp.methods.gfedntm import (
     PHASE_TERMS,
     PHASE_TRAIN,
     PHASE_VOCABULARY,
-    SECAGG_KEY,
     GFedNTMConfig,
 )
 from fedapp.models.gfedntm import Groups
@@ -60,15 +59,9 @@ from fedapp.neural.glue import (
     state_schema,
 )
 from fedapp.privacy.dp import (
-    RELEASES_KEY,
-    count_releases,
-    noise_multiplier,
-    planned_releases,
-    private_update,
     released_arrays,
-    secret_rng,
 )
-from fedapp.privacy.secagg import SUM, model_modes, secure_upload
+from fedapp.privacy.secagg import SUM
 from fedapp.report.stages import REPORT_KEY, Assignment
 from fedapp.wire import encode_array
 
@@ -96,8 +89,9 @@ class GFedNTMClient(ClusteringClient):
             metrics = {**self.identity_metrics(), "context-dim": self.context_dim()}
             if phase == PHASE_TERMS:  # SecAgg+'s first vocabulary round: which terms, not how often
                 return [terms], self.data.n_samples, metrics
-            if config.get(SECAGG_KEY):  # frequencies over the union of the term lists, as a secure sum
-                return self.secure([union_frequencies(terms, counts, parameters[0])], [SUM], metrics)
+            if parameters:  # the server sent the union of the term lists: frequencies over it, a sum
+                frequencies = union_frequencies(terms, counts, parameters[0])
+                return self.uplink.send([frequencies], [SUM], self.data.n_samples, metrics)
             return [terms, counts], self.data.n_samples, metrics
         if phase != PHASE_TRAIN:
             raise ValueError(f"unknown gfedntm phase {phase!r}")
@@ -105,39 +99,26 @@ class GFedNTMClient(ClusteringClient):
             self.context.state[VOCABULARY_KEY] = ConfigRecord({"terms": [str(t) for t in parameters[0]]})
             parameters = parameters[1:]
         arrays, used, metrics = self.train(parameters, config)
-        if self.cfg.dp.enabled:
-            return self.private_reply(parameters, arrays, metrics), used, metrics
-        if config.get(SECAGG_KEY):  # gradients and buffers are n-weighted averages already
-            return self.secure(arrays, model_modes(arrays), metrics, used)
-        return arrays, used, metrics
+        # gradients and buffers are n-weighted averages; under DP one client-level release whose weight
+        # stays the documents used (named as not covered in summary.json)
+        return self.uplink.send_update(
+            lambda: self.update_origin(parameters, arrays), arrays, used, metrics, private_weight=used
+        )
 
-    def private_reply(
-        self, received_state: NDArrays, reply: NDArrays, metrics: dict[str, Scalar]
-    ) -> NDArrays:
-        """One client-level release of (update, running statistics) (module docstring); sets the
-        reply's release count in `metrics`."""
+    def update_origin(self, received_state: NDArrays, reply: NDArrays) -> tuple[list[np.ndarray], list[bool]]:
+        """What a DP release of `reply` is a delta from (the received parameters with `exchange =
+        parameters`, zeros for a gradient, which is its own delta; then the received buffers), and which of
+        its arrays are released (`fedapp.privacy.dp.released_arrays`)."""
         model = build_model(self.params, len(self.vocabulary()), self.context_dim(), 0, "cpu")
         trainable, buffers = state_schema(model, "trainable"), state_schema(model, "buffers")
         by_name = dict(zip(state_schema(model).names, received_state, strict=True))
         received = [by_name[name] for name in buffers.names]
         if self.params.exchange == "parameters":
             received = [by_name[name] for name in trainable.names] + received
-        else:  # a gradient is its own delta
+        else:
             received = [np.zeros_like(a) for a in reply[: len(trainable)]] + received
         names = trainable.names + buffers.names
-        released = released_arrays(names, list(reply), set(trainable.names))
-        made = count_releases(self.context.state, planned_releases("gfedntm", self.cfg.num_rounds, 0))
-        z = noise_multiplier(self.cfg.dp, "gfedntm", self.cfg.num_rounds)
-        metrics[RELEASES_KEY], rng = made, secret_rng(self.cfg.dp, self.partition_id, made)
-        return private_update(received, list(reply), released, self.cfg.dp.model_clip, z, rng)[0]
-
-    def secure(
-        self, arrays: NDArrays, modes: list[str], metrics: dict[str, Scalar], n: int | None = None
-    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
-        """The reply as SecAgg+ takes it (`fedapp.privacy.secagg`), with weight n (documents used)."""
-        n = self.data.n_samples if n is None else n
-        masked, extra = secure_upload(arrays, modes, n, self.cfg.secagg_clip)
-        return masked, n, {**metrics, **extra}
+        return received, released_arrays(names, list(reply), set(trainable.names))
 
     def train(
         self, parameters: NDArrays, config: dict[str, Scalar]

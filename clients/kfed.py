@@ -17,31 +17,22 @@ small clusters instead), and the reply's example count is 0.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import MetricRecord
-from flwr.common import Context, NDArrays, Scalar
+from flwr.common import NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import nearest_centre
 from fedapp.methods.kfed import KFedConfig
 from fedapp.metrics.label_free import cluster_sums
-from fedapp.privacy.dp import (
-    RELEASES_KEY,
-    STATE_KEY,
-    clip_rows,
-    gaussian_mechanism,
-    next_release,
-    noise_multiplier,
-    planned_releases,
-    secret_rng,
-    sum_count_sensitivity,
-)
+from fedapp.privacy.dp import clip_rows, gaussian_mechanism, sum_count_sensitivity
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, floored_kmeans
+from fedapp.privacy.uplink import Uplink
 from fedapp.report.stages import Assignment, nearest_with_distance
+
+LOCAL_RESTARTS = 10  # k-means++ restarts of a local k-means that has no key for them (FSBERT-kFED)
 
 
 def local_centres(
-    X: np.ndarray, k_local: int, seed: int, restarts: int = 10, floor: int = CLIENT_MIN_CLUSTER
+    X: np.ndarray, k_local: int, seed: int, restarts: int = LOCAL_RESTARTS, floor: int = CLIENT_MIN_CLUSTER
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Local k-means with k' = min(k_local, n // floor) centres, a cluster below the privacy `floor`
     merged into its nearest neighbour (`fedapp.privacy.floor`); returns (centres, counts, clusters merged)."""
@@ -79,22 +70,26 @@ def dp_lloyd(
     return centres, counts
 
 
-def dp_kfed_reply(
-    context: Context, cfg: RunConfig, X: np.ndarray, k_local: int, seed: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """k-FED's local step under DP for `method`: (centres, rounded noisy counts, releases made so far).
-
-    Counts the releases in `context.state` first: a second request (the plan is one DP-Lloyd run) fails."""
-    dp = cfg.dp
-    planned = planned_releases(cfg.method, cfg.num_rounds, dp.lloyd_iters)
-    made = int(context.state[STATE_KEY]["releases"]) if STATE_KEY in context.state else 0
-    for _ in range(dp.lloyd_iters):
-        made = next_release(made, planned)
-    context.state[STATE_KEY] = MetricRecord({"releases": made})
-    z = noise_multiplier(dp, cfg.method, cfg.num_rounds)
-    rng = secret_rng(dp, int(context.node_config.get("partition-id", 0)), made)
-    centres, counts = dp_lloyd(X, k_local, dp.clip, z, dp.lloyd_iters, seed, rng)
-    return centres, np.rint(np.maximum(counts, 0.0)).astype(np.int64), made
+def kfed_reply(
+    uplink: Uplink, X: np.ndarray, k_local: int, seed: int, restarts: int, identity: dict[str, Scalar]
+) -> tuple[NDArrays, int, dict[str, Scalar]]:
+    """k-FED's local step as a reply: floored local k-means centres and their sizes; under DP (k-FED's
+    own protocol under DP) DP-Lloyd's centres and rounded noisy counts, its `dp.lloyd-iters` releases
+    counted against the plan first (a second request fails: the plan is one DP-Lloyd run)."""
+    if uplink.private:
+        capped_clusters(1, X.shape[0], uplink.privacy_floor)  # fewer records than the floor: nothing
+        dp = uplink.cfg.dp
+        release = uplink.release(dp.lloyd_iters)
+        centres, counts = dp_lloyd(
+            X, k_local, dp.clip, release.noise_multiplier, dp.lloyd_iters, seed, release.rng()
+        )
+        return (
+            [centres, np.rint(np.maximum(counts, 0.0)).astype(np.int64)],
+            0,
+            {**identity, **release.metrics},
+        )
+    centres, counts, merged = local_centres(X, k_local, seed, restarts, uplink.floor)
+    return [centres, counts], X.shape[0], {**identity, MERGED_KEY: merged}
 
 
 class KFedClient(ClusteringClient):
@@ -102,22 +97,15 @@ class KFedClient(ClusteringClient):
 
     @property
     def space(self) -> np.ndarray:
-        """The vectors this client clusters: its features, clipped to dp.clip when DP is on."""
-        if self.cfg.dp.enabled:
-            return clip_rows(self.data.features, self.cfg.dp.clip)
-        return self.data.features
+        """The vectors this client clusters: its records as the uplink lets it use them (clipped under DP)."""
+        return self.uplink.records(self.data.features)
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         k_local = int(config.get("local-k", 0)) or self.k
-        if self.cfg.dp.enabled:
-            capped_clusters(1, self.data.n_samples, self.floor)  # fewer records than the floor: nothing
-            centres, counts, made = dp_kfed_reply(
-                self.context, self.cfg, self.data.features, k_local, self.seed
-            )
-            return [centres, counts], 0, {**self.identity_metrics(), RELEASES_KEY: made}
         restarts = self.cfg.params(KFedConfig).local_restarts
-        centres, counts, merged = local_centres(self.data.features, k_local, self.seed, restarts, self.floor)
-        return [centres, counts], self.data.n_samples, {**self.identity_metrics(), MERGED_KEY: merged}
+        return kfed_reply(
+            self.uplink, self.data.features, k_local, self.seed, restarts, self.identity_metrics()
+        )
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         return nearest_centre(self.space, parameters[0])

@@ -28,17 +28,10 @@ from fedapp.metrics.label_free import (
     cluster_term_counts,
     distance_sums,
 )
-from fedapp.privacy.dp import (
-    RELEASES_KEY,
-    clip_rows,
-    distance_sensitivity,
-    gaussian_mechanism,
-    report_releases,
-    secret_rng,
-    sum_count_sensitivity,
-)
+from fedapp.privacy.dp import clip_rows, distance_sensitivity, sum_count_sensitivity
 from fedapp.privacy.floor import WITHHELD_KEY
 from fedapp.privacy.secagg import SUM, secure_upload
+from fedapp.privacy.uplink import Uplink
 from fedapp.report.assignments import ASSIGNMENTS_FILE, write_assignments
 from fedapp.report.stages import (
     DISTANCES_KEY,
@@ -75,6 +68,7 @@ class ReportingClient(Protocol):
     k: int
     floor: int  # this node's privacy floor
     partition_id: int
+    uplink: Uplink  # counts the report's DP releases against the run's plan
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment: ...
 
@@ -83,8 +77,6 @@ class ReportingClient(Protocol):
     def score(self, predicted: np.ndarray) -> dict[str, Scalar]: ...
 
     def node_directory(self) -> Path: ...
-
-    def report_release(self) -> tuple[float, int]: ...
 
 
 @dataclass(frozen=True)
@@ -191,21 +183,19 @@ class ClientReport:
         covers small clusters; no term counts or table: they are not noised)."""
         client, dp = self.client, self.client.cfg.dp
         metrics: dict[str, Scalar] = {**client.identity_metrics(), SCORE_KIND_KEY: result.score_kind}
-        if not report_releases(dp, client.cfg.method):
+        if not client.uplink.plan or not client.uplink.plan.report:
             return 0.0, 0, metrics
-        z, made = client.report_release()
-        metrics[RELEASES_KEY], rng = made, secret_rng(dp, client.partition_id, made)
+        release = client.uplink.release(report=True)
+        metrics.update(release.metrics)
         sizes = np.bincount(result.labels, minlength=client.k).astype(np.float64)
         kept = {"labels": result.labels.astype(np.int64)}
         if result.space is None:
-            (noisy_sizes,) = gaussian_mechanism([sizes], 1.0, z, rng)
+            (noisy_sizes,) = release.gaussian([sizes], 1.0)
             metrics[NOISY_KEY] = encode_noisy(sizes=noisy_sizes)
         else:
             kept["space"] = clip_rows(result.space, dp.clip)
             sums = cluster_sums(kept["space"], kept["labels"], client.k).sums
-            noisy_sizes, noisy_sums = gaussian_mechanism(
-                [sizes, sums], sum_count_sensitivity(dp.clip), z, rng
-            )
+            noisy_sizes, noisy_sums = release.gaussian([sizes, sums], sum_count_sensitivity(dp.clip))
             metrics[NOISY_KEY] = encode_noisy(sizes=noisy_sizes, sums=noisy_sums)
         self._keep(kept)
         return 0.0, 0, metrics
@@ -216,7 +206,7 @@ class ClientReport:
         sensitivity needs it; the server's means are public, noisy). Records of clusters the pooled
         counts call empty sit out (a choice by each record's own label and public data)."""
         client, dp = self.client, self.client.cfg.dp
-        if not report_releases(dp, client.cfg.method):
+        if not client.uplink.plan or not client.uplink.plan.report:
             raise ValueError(f"client {client.partition_id}: dp.report withholds the report's distances")
         kept = self._kept()
         means, counts = self._pooled_means(parameters, kept["space"].shape[1])
@@ -224,17 +214,15 @@ class ClientReport:
         sums = distance_sums(
             kept["space"][present], kept["labels"][present], clip_rows(means, dp.clip), counts
         )
-        z, made = client.report_release()
-        noisy = gaussian_mechanism(
+        release = client.uplink.release(report=True)
+        noisy = release.gaussian(
             [sums.distance_sums, sums.squared_sums, np.array(sums.silhouette_sum)],
             distance_sensitivity(dp.clip),
-            z,
-            secret_rng(dp, client.partition_id, made),
         )
         blob = encode_noisy(
             **dict(zip(("distance_sums", "squared_sums", "silhouette_sum"), noisy, strict=True))
         )
-        return 0.0, 0, {**client.identity_metrics(), NOISY_KEY: blob, RELEASES_KEY: made}
+        return 0.0, 0, {**client.identity_metrics(), NOISY_KEY: blob, **release.metrics}
 
     # -------------------------------------------------------------- between the two stages
     def _keep(self, kept: dict[str, np.ndarray]) -> None:

@@ -2,7 +2,7 @@
 
 The FSTC paper's FBOW, FTF-IDF and FSBERT baselines. The k-FED maths is k-FED's (`clients.kfed`); what
 is new here is only how a client turns its texts into vectors. FSBERT-kFED supports differential
-privacy with k-FED's DP-Lloyd step (`clients.kfed.dp_kfed_reply`); FBOW/FTF-IDF do not (their
+privacy with k-FED's DP-Lloyd step (`clients.kfed.kfed_reply`); FBOW/FTF-IDF do not (their
 vocabulary round sends exact document frequencies).
 """
 
@@ -12,13 +12,11 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from clients.kfed import dp_kfed_reply, local_centres
+from clients.kfed import LOCAL_RESTARTS, kfed_reply
 from fedapp.features.bow import count_matrix, document_frequencies, tfidf_matrix
 from fedapp.features.texts import local_embeddings
 from fedapp.maths.clustering import nearest_centre
 from fedapp.methods.textkfed import DOCUMENTS_KEY, PHASE_VOCABULARY, TextKFedConfig
-from fedapp.privacy.dp import RELEASES_KEY, clip_rows
-from fedapp.privacy.floor import MERGED_KEY, capped_clusters
 from fedapp.report.stages import Assignment, nearest_with_distance
 
 
@@ -36,8 +34,7 @@ class BagOfWordsKFedClient(ClusteringClient):
         vocabulary, idf = parameters
         k_local = self.cfg.params(TextKFedConfig).local_k or self.k
         rows = self.features(vocabulary, idf)
-        centres, sizes, merged = local_centres(rows, k_local, self.seed, floor=self.floor)
-        return [centres, sizes], self.data.n_samples, {**self.identity_metrics(), MERGED_KEY: merged}
+        return kfed_reply(self.uplink, rows, k_local, self.seed, LOCAL_RESTARTS, self.identity_metrics())
 
     def features(self, vocabulary: np.ndarray, idf: np.ndarray) -> np.ndarray:
         """Dense rows over the shared vocabulary: counts, or TF-IDF when the server sent idf weights."""
@@ -62,18 +59,13 @@ class SentenceKFedClient(ClusteringClient):
         """Its sentence embeddings: the space it clusters in (clipped to dp.clip under DP)."""
         params = self.cfg.params(TextKFedConfig)
         vectors = local_embeddings(self.data, self.cfg.embedding_model, params.max_length, self.cfg.device)
-        return clip_rows(vectors, self.cfg.dp.clip) if self.cfg.dp.enabled else vectors
+        return self.uplink.records(vectors)
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         k_local = int(config.get("local-k", 0)) or self.k
-        if self.cfg.dp.enabled:
-            capped_clusters(1, self.data.n_samples, self.floor)  # fewer records than the floor: nothing
-            centres, counts, made = dp_kfed_reply(
-                self.context, self.cfg, self.embeddings(), k_local, self.seed
-            )
-            return [centres, counts], 0, {**self.identity_metrics(), RELEASES_KEY: made}
-        centres, sizes, merged = local_centres(self.embeddings(), k_local, self.seed, floor=self.floor)
-        return [centres, sizes], self.data.n_samples, {**self.identity_metrics(), MERGED_KEY: merged}
+        return kfed_reply(
+            self.uplink, self.embeddings(), k_local, self.seed, LOCAL_RESTARTS, self.identity_metrics()
+        )
 
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:
         return nearest_centre(self.embeddings(), parameters[0])

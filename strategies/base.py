@@ -38,6 +38,7 @@ from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
 from fedapp.report.records import PROGRESS_MARKER, default_out_dir
 from fedapp.wire import ReplyError
 from strategies.hooks import StrategyHooks
+from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord, run_status
 from strategies.replies import (
     ClientReply,
@@ -57,7 +58,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
 
     refuse_duplicate_partitions = True  # a second client claiming a held partition-id is refused
     # a checkpoint keeps these parts' `state_dict`s and the `state_fields` (a subclass names only its own)
-    state_parts = ("record", "roster", "final_report")
+    state_parts = ("record", "roster", "privacy", "final_report")
     state_fields: tuple[str, ...] = (
         "k",
         "finished",
@@ -68,8 +69,6 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         "latest_parameters",
         "_final_evaluated",
         "_empty_rounds",
-        "dp_releases",
-        "secagg_clipped",
     )
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -95,8 +94,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         self._empty_rounds = 0
         self._instructed: dict[int, list[str]] = {}
         self.warnings: list[str] = []  # what degraded without failing (summary.json `warnings`)
-        self.dp_releases = 0  # the most noisy releases any client reported (training and report)
-        self.secagg_clipped = 0  # uploaded values SecAgg+ clipped over the run (0: none distorted)
+        self.privacy = PrivacyLayer(cfg)  # SecAgg+ and DP around the method (`strategies.privacy`)
         self.final_report = FinalReport(self)
 
     # ------------------------------------------------------------------------------ Strategy API
@@ -138,6 +136,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             self.rounds_run = server_round
             replied = {client.cid for client, _ in results}
             self.record.failures(server_round, failures)
+            self.privacy.arrived(results)
             failed = sorted(set(self._instructed.get(server_round, [])) - replied)  # errors and timeouts
             self.roster.exclude(failed, server_round)
             if self.k is None:
@@ -222,6 +221,8 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         """The decoded reply if it passes `expected_arrays` and `check_reply`; None (logged) otherwise."""
         try:
             reply = decode_reply(client.cid, res, self.expected_arrays(server_round), self.k)
+            if self.sends_releases(server_round):
+                self.privacy.check(reply)
             self.check_reply(server_round, reply)
         except ReplyError as exc:
             log(WARNING, "round %d: rejected reply from client %s: %s", server_round, client.cid, exc)
@@ -345,6 +346,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             **self.record.summary(),
             "report": self.final_report.summary,
             "warnings": self.warnings,
+            **self.privacy.summary(),
             **self.extra_summary(),
         }
 

@@ -15,9 +15,9 @@ Under SecAgg+ (run-config `secagg`): the model's average (Eq. 8) is SecAgg+'s se
 centroids are not a sum and come in the clear beside it (the server's k-means needs every client's),
 so SecAgg+ hides each client's model but not its centroids. The setup round (no arrays) runs plain.
 
-Under differential privacy (`fedapp.privacy.dp`, clients/ccfc.py) every reply is a noised, clipped update with
-equal weight; the server rescales the noisy local centroids by sqrt(k) / model-clip before its k-means,
-keeps averaged BatchNorm variances positive, and summary.json's `privacy` block accounts the releases.
+Under differential privacy (clients/ccfc.py) every reply is a noised, clipped update with equal weight;
+the privacy layer (`strategies.privacy`) keeps averaged BatchNorm variances positive and accounts the
+releases, and the server rescales the noisy local centroids by sqrt(k) / model-clip before its k-means.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 from flwr.common import EvaluateRes, Parameters, Scalar, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.config.run import ConfigError, RunConfig
+from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import kmeans
 from fedapp.methods.ccfc import (
     CLUSTER,
@@ -47,12 +47,9 @@ from fedapp.methods.ccfc import (
 from fedapp.metrics.contingency import clustering_metrics
 from fedapp.models.ccfc import initial_model
 from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
-from fedapp.privacy.dp import RELEASES_KEY, floor_variances, privacy_summary
-from fedapp.privacy.secagg import secure_specs
 from fedapp.wire import ArraySpec, ReplyError, decode_counts
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
-from strategies.secure import SecureSumStrategy
 
 MODEL_FILE = "global_model.npz"  # the final global model and centroids (for simulation/papers/ccfc analyses)
 
@@ -99,7 +96,7 @@ def merge_centroids(local: list[np.ndarray], k: int, seed: int) -> np.ndarray:
     return centres.astype(np.float32)
 
 
-class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
+class CCFCStrategy(ClusteringStrategy):
     """Setup round, `pretrain-rounds` SimSiam rounds, then CCFC rounds (see fedapp.methods.ccfc)."""
 
     method = "ccfc"
@@ -112,7 +109,6 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
         "centroids_round",
         "phases",
         "client_metrics",
-        "dp_releases",
     )
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -125,11 +121,6 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
         self.centroids_round = 0  # the round whose replies produced `centroids`
         self.phases: dict[int, str] = {}
         self.client_metrics: dict[int, dict[str, dict[str, float]]] = {}  # round -> partition -> metrics
-        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
-        if cfg.secagg and not self.params.federated:
-            raise ConfigError(
-                "secagg=true: standalone CCFC (ccfc.federation=standalone) sends nothing to average"
-            )
 
     # ------------------------------------------------------------------------------------ rounds
     def phase(self, server_round: int) -> str:
@@ -170,12 +161,15 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
         specs = self.schema.array_specs() if self.params.federated and self.schema else []
         if self.params.federated and self.wants_centroids(server_round):
             specs.append(ArraySpec("local-centroids", (self.k, self.params.latent_dim), "f", "float32"))
-        return secure_specs(specs, self.secure_modes(server_round)) if self.cfg.secagg else specs
+        return self.privacy.expected(specs, self.reply_modes(server_round)) if specs else specs
 
-    def secure_modes(self, server_round: int) -> list[str]:
+    def reply_modes(self, server_round: int) -> list[str]:
         """`fedapp.privacy.secagg` modes of a reply: the model averaged, the local centroids in the clear."""
         assert self.schema is not None
         return secure_modes([t.dtype for t in self.schema.tensors], self.wants_centroids(server_round))
+
+    def sends_releases(self, server_round: int) -> bool:
+        return self.params.federated and self.phases.get(server_round) != SETUP
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
         if self.phases.get(server_round) == SETUP:
@@ -186,9 +180,6 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
             self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")
         if reply.num_examples < 1:
             raise ReplyError(f"num_examples is {reply.num_examples}")
-        dp_round = self.cfg.dp.enabled and self.params.federated and self.phases.get(server_round) != SETUP
-        if dp_round and not isinstance(reply.metrics.get(RELEASES_KEY), int):
-            raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         if self.phases.get(server_round) != SETUP:
@@ -205,17 +196,15 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
         if self.params.federated:
             assert self.schema is not None
             n_state = len(self.schema)
-            if self.cfg.secagg:
-                modes = self.secure_modes(server_round)
-                dtypes = [t.dtype for t in self.schema.tensors] + [None] * (len(modes) - n_state)
-                replies = self.plain_equivalent(server_round, replies, modes, dtypes)
-            self.global_state = average_models(
+            modes = self.reply_modes(server_round)
+            dtypes = [t.dtype for t in self.schema.tensors] + [None] * (len(modes) - n_state)
+            replies = self.privacy.intake(server_round, replies, modes, dtypes)
+            averaged = average_models(
                 [r.arrays[:n_state] for r in replies], [r.num_examples for r in replies]
             )
+            self.global_state = self.privacy.positive_variances(self.schema.names, averaged)
             scale = 1.0
-            if self.cfg.dp.enabled:  # noisy updates: variances kept positive, centroids rescaled
-                self.global_state = floor_variances(self.schema.names, self.global_state)
-                self.dp_releases = max([self.dp_releases, *(int(r.metrics[RELEASES_KEY]) for r in replies)])
+            if self.privacy.private:  # the centroids were released scaled by model-clip / sqrt(k)
                 scale = float(np.sqrt(self.k)) / self.cfg.dp.model_clip  # type: ignore[arg-type]
             if self.wants_centroids(server_round):
                 local = [r.arrays[n_state] * np.float32(scale) for r in replies]
@@ -284,7 +273,6 @@ class CCFCStrategy(SecureSumStrategy, ClusteringStrategy):
             "phases": {str(r): phase for r, phase in sorted(self.phases.items())},
             "client_metrics": self.client_metrics.get(last, {}) if last is not None else {},
             "image_shape": list(self.image_shape) if self.image_shape else None,
-            "privacy": privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases),
         }
 
     def write_outputs(self) -> None:

@@ -5,9 +5,9 @@ initial global centres. Rounds >= 2: global centres = sum of clients' membership
 the summed membership mass (the FCM centre update over the union). Stops when the largest centre shift,
 relative to the centres' scale, is <= `delta`.
 
-Under differential privacy (`fedapp.privacy.dp`) the initialisation is the moments one (noisy sums of x and
-x*x over a noisy count) and every reply is noisy: masses may be negative, a cluster whose summed noisy
-mass is below 1 keeps its previous centre, and summary.json's `privacy` block accounts the releases.
+Privacy is composed around it (`strategies.privacy`): where only sums may reach the server (SecAgg+) or
+be noised (DP) the initialisation is the moments one; under DP every reply is noisy, so masses may be
+negative and a cluster whose summed noisy mass is at most 1 (`noise_floor`) keeps its previous centre.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
 from fedapp.config.run import RunConfig
-from fedapp.maths.clustering import centres_from_moments, centres_from_noisy_moments, kmeans
+from fedapp.maths.clustering import centres_from_moments, kmeans
 from fedapp.methods.ffcm import FFCMConfig
-from fedapp.privacy.dp import RELEASES_KEY, privacy_summary
+from fedapp.privacy.secagg import SUM
 from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, consistent_replies
@@ -40,22 +40,19 @@ def merge_weighted_centres(
     return global_centres
 
 
-def centres_from_sums(
-    sums: list[np.ndarray],
-    masses: list[np.ndarray],
-    previous: np.ndarray | None = None,
-    min_mass: float = 0.0,
+def centres_from_totals(
+    sums: np.ndarray, mass: np.ndarray, previous: np.ndarray | None = None, min_mass: float = 0.0
 ) -> np.ndarray:
-    """FCM centre update over the union: c_j = sum_clients sum_i u_ij^m x_i / sum_clients sum_i u_ij^m.
+    """FCM centre update over the union: c_j = sum_clients sum_i u_ij^m x_i / sum_clients sum_i u_ij^m,
+    from those two totals.
 
-    A cluster every client withheld (its membership mass below their privacy floor), or whose summed
-    mass is <= `min_mass` (noisy DP masses: a near-zero denominator would fling the centre away), keeps
-    its `previous` centre; without one, such a cluster is an error."""
-    total_mass = np.sum(masses, axis=0)
-    empty = total_mass <= min_mass
+    A cluster every client withheld (its membership mass below their privacy floor), or whose total mass
+    is <= `min_mass` (noisy DP masses: a near-zero denominator would fling the centre away), keeps its
+    `previous` centre; without one, such a cluster is an error."""
+    empty = mass <= min_mass
     if empty.any() and previous is None:
         raise ValueError("a cluster received zero membership mass")
-    centres = np.sum(sums, axis=0) / np.where(empty, 1.0, total_mass)[:, None]
+    centres = sums / np.where(empty, 1.0, mass)[:, None]
     if empty.any():
         centres[empty] = previous[empty]  # type: ignore[index]
     return centres
@@ -67,17 +64,15 @@ def relative_shift(old: np.ndarray, new: np.ndarray) -> float:
 
 class FFCMStrategy(ClusteringStrategy):
     method = "ffcm"
-    state_fields = ("centres", "shifts", "dp_releases")
+    state_fields = ("centres", "shifts")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         self.params = cfg.params(FFCMConfig)
-        # under SecAgg+ the server only ever sees sums, so the initialisation must be one too
-        # under DP only sums have a bounded sensitivity, so the initialisation must be one too
-        self.init = "moments" if cfg.secagg or cfg.dp.enabled else self.params.init
+        # only sums may reach the server (SecAgg+) or be noised (DP): then the initialisation is one too
+        self.init = "moments" if self.privacy.sums_only else self.params.init
         self.centres: np.ndarray | None = None
         self.shifts: list[float] = []
-        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         phase = (
@@ -88,18 +83,16 @@ class FFCMStrategy(ClusteringStrategy):
             "phase": phase,
             "fuzziness": self.params.fuzziness,
             "local-iters": self.params.local_iters,
-            "secagg": self.cfg.secagg,
+            "secagg": self.cfg.secagg,  # the protocol's flag (clients take the mode from the run config)
         }
 
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
-        if self.centres is None and self.init == "moments" and self.cfg.dp.enabled:
-            return [ArraySpec("sum", (None,)), ArraySpec("sum of squares", (None,)), ArraySpec("count", (1,))]
         if self.centres is None and self.init == "moments":
-            return [ArraySpec("mean", (None,)), ArraySpec("mean square", (None,))]
+            return self.privacy.moments_spec()
         if self.centres is None:
             return [ArraySpec("centres", (None, None)), ArraySpec("mass", (None,))]
         k, dim = self.centres.shape
-        return [ArraySpec("sums", (k, dim)), ArraySpec("mass", (k,))]
+        return self.privacy.expected([ArraySpec("sums", (k, dim)), ArraySpec("mass", (k,))], [SUM, SUM])
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         # the feature dimension is not known before the first replies
@@ -111,30 +104,14 @@ class FFCMStrategy(ClusteringStrategy):
         first, second = reply.arrays[:2]
         if first.shape[0] != second.shape[0]:
             raise ReplyError(f"arrays of {first.shape[0]} and {second.shape[0]} rows")
-        if self.cfg.dp.enabled:  # noisy masses may be negative; the client says how much it has spent
-            if not isinstance(reply.metrics.get(RELEASES_KEY), int):
-                raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
-            return
         if self.centres is not None or self.init == "local-centres":
-            tolerance = 1e-4 if self.cfg.secagg else 0.0  # SecAgg+ quantisation noise around zero
-            if (second < -tolerance).any():
-                raise ReplyError("negative membership mass")
+            self.privacy.check_nonnegative(second, "membership mass")
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
-        if self.cfg.dp.enabled:
-            spent = max(int(r.metrics[RELEASES_KEY]) for r in replies)
-            self.dp_releases = max(self.dp_releases, spent)
-        if self.centres is None and self.cfg.dp.enabled:
+        replies = self.privacy.intake(server_round, replies, [SUM, SUM] if self.centres is not None else [])
+        if self.centres is None and self.init == "moments":
             assert self.k is not None
-            self.centres = centres_from_noisy_moments(
-                *([r.arrays[i] for r in replies] for i in range(3)), self.k, self.cfg.seed
-            )
-            log(INFO, "FFCM: initial centres from noisy federated moments (%d replies)", len(replies))
-        elif self.centres is None and self.init == "moments":
-            assert self.k is not None
-            weights = [r.num_examples for r in replies]  # under SecAgg+ the replies hold one average already
-            mean = np.average([r.arrays[0] for r in replies], axis=0, weights=weights)
-            mean_square = np.average([r.arrays[1] for r in replies], axis=0, weights=weights)
+            mean, mean_square = self.privacy.moments(replies)
             self.centres = centres_from_moments(mean, mean_square, self.k, self.cfg.seed)
             log(INFO, "FFCM: initial centres from the federated feature moments (%d replies)", len(replies))
         elif self.centres is None:
@@ -143,15 +120,10 @@ class FFCMStrategy(ClusteringStrategy):
                 [r.arrays[0] for r in replies], [r.arrays[1] for r in replies], self.k, self.cfg.seed
             )
             log(INFO, "FFCM: initial centres from %d clients' local FCM centres", len(replies))
-        else:
-            # plain: sum_i sums_i / sum_i mass_i. SecAgg+: every reply holds the same secure average of
-            # (sums_i / n_i) and (mass_i / n_i), whose ratio is that very quotient
-            # DP: noisy masses are summed as they are (clipping each at 0 would bias the total upwards)
-            dp = self.cfg.dp.enabled
-            masses = [r.arrays[1] if dp else np.maximum(r.arrays[1], 0.0) for r in replies]
-            updated = centres_from_sums(
-                [r.arrays[0] for r in replies], masses, self.centres, min_mass=1.0 if dp else 0.0
-            )
+        else:  # the FCM centre update over the union, from the federation's totals
+            sums = self.privacy.totals([r.arrays[0] for r in replies])
+            mass = self.privacy.totals([r.arrays[1] for r in replies], nonnegative=True)
+            updated = centres_from_totals(sums, mass, self.centres, min_mass=self.privacy.noise_floor)
             self.shifts.append(relative_shift(self.centres, updated))
             self.centres = updated
             if self.shifts[-1] <= self.params.delta:
@@ -162,5 +134,4 @@ class FFCMStrategy(ClusteringStrategy):
         return ndarrays_to_parameters([self.centres])
 
     def extra_summary(self) -> dict[str, Any]:
-        privacy = privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases)
-        return {"centre_shift_per_round": self.shifts, "privacy": privacy}
+        return {"centre_shift_per_round": self.shifts}

@@ -11,17 +11,14 @@ answered (a cluster none of them holds keeps its previous centre); the final mod
 the models that came back, weights renormalised over them; a client that missed the round with the
 initial model gets it (and the current C̃) the first time it is asked again.
 
-Under SecAgg+ (run-config `secagg`) every message the server takes in is a secure n-weighted average
-(`fedapp.privacy.secagg`): round 1 draws C̃ from the federated mean and variance of the representations
-(`init = moments`), training rounds send per-cluster sums and counts over n (Eq. 16 from their totals;
-a cluster with under half a record in total keeps its C̃), and the final average is the secure one.
-
-Under differential privacy (`fedapp.privacy.dp`, clients/fstc.py) round 1 is the moments init on noisy sums,
-Eq. 16 runs on the noisy totals (a cluster whose noisy count total is below 1 keeps its C̃) and
-summary.json's `privacy` block accounts the releases. With `fstc.dp-labels = centres` (default) no model
-is sent either way (the clients build the public initial model from the run seed) and the global model is
-[C̃, *the initial model]: records are labelled by their nearest centre. With `model` the final models
-are averaged with equal weights (the clients send no record count).
+Privacy is composed around it (`strategies.privacy`). Where only sums may reach the server (SecAgg+) or
+be noised (DP) round 1 draws C̃ from the federated mean and variance of the representations (`init =
+moments`); training replies then hold per-cluster sums and counts (secure over n, or noisy), and Eq. 16
+runs on the federation's totals (a cluster with under half a record in total, or at most one under DP's
+noise, keeps its C̃). FSTC's own choice under DP (clients/fstc.py): with `fstc.dp-labels = centres`
+(default) no model is sent either way (the clients build the public initial model from the run seed) and
+the global model is [C̃, *the initial model]: records are labelled by their nearest centre. With `model`
+the final models are averaged with equal weights (the clients send no record count).
 """
 
 from __future__ import annotations
@@ -35,31 +32,26 @@ from flwr.common import FitIns, Parameters, log, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config.run import RunConfig
-from fedapp.maths.clustering import centres_from_moments, centres_from_noisy_moments
-from fedapp.maths.fstc import aggregate_centres, initial_centres, site_skew
+from fedapp.maths.clustering import centres_from_moments
+from fedapp.maths.fstc import EMPTY_TOTAL, centres_from_totals, initial_centres, site_skew
 from fedapp.methods.fstc import (
     CENTRES_KEY,
     FINAL_KEY,
     INIT_KEY,
     MODEL_KEY,
-    MOMENT_MODES,
     PHASE_INIT,
     PHASE_TRAIN,
     SECAGG_KEY,
     FSTCConfig,
-    secure_train_modes,
+    train_modes,
 )
 from fedapp.models.fstc import fstc_model
 from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
-from fedapp.privacy.dp import RELEASES_KEY, privacy_summary
 from fedapp.privacy.floor import WITHHELD_KEY
-from fedapp.privacy.secagg import secure_specs
+from fedapp.privacy.secagg import MEAN
 from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
-from strategies.secure import SecureSumStrategy
 
-EMPTY_TOTAL = 0.5  # under SecAgg+ a cluster's count total is noisy: below half a record it is empty
-DP_EMPTY_TOTAL = 1.0  # under DP: a noisy count total below one record would fling the centre away
 # under DP with dp-labels = centres the rounds are DP Lloyd steps: on StackOverflow at eps 8 (seed 0) 6 and
 # 11 rounds gave NMI 61.2 / 62.7, the default 41 rounds 57.4; beyond this many the run says so
 DP_CENTRE_ROUNDS = 11
@@ -68,18 +60,7 @@ DP_CENTRE_ROUNDS = 11
 SITE_SKEW_WARNING = 0.15
 
 
-def centres_from_totals(
-    sums: np.ndarray, counts: np.ndarray, previous: np.ndarray, min_total: float = EMPTY_TOTAL
-) -> np.ndarray:
-    """Eq. 16 from the federation's totals: C̃_k = Σ_μ n_k^(μ) C_k^(μ) / Σ_μ n_k^(μ) = (Σ sums) / (Σ counts);
-    a cluster with fewer than `min_total` records in total keeps its previous C̃_k."""
-    held = counts >= min_total
-    return aggregate_centres(
-        [sums / np.where(held, counts, 1.0)[:, None]], [np.where(held, counts, 0.0)], previous
-    )
-
-
-class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
+class FSTCStrategy(ClusteringStrategy):
     """See the module docstring. Variants without centre aggregation set `align = False`."""
 
     method = "fstc"
@@ -91,7 +72,6 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         "global_model",
         "has_model",
         "train_metrics",
-        "dp_releases",
     )
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -104,11 +84,10 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         self.has_model: set[int] = set()  # partitions that confirmed the initial model
         self.train_metrics: list[dict[str, float]] = []
         self.site_skew: float | None = None  # label skew across sites, from the init (centres init only)
-        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
-        # under SecAgg+ the init is a sum too; under DP only sums have a bounded sensitivity
-        self.init = "moments" if cfg.secagg or cfg.dp.enabled else self.params.init
+        # only sums may reach the server (SecAgg+) or be noised (DP): then the initialisation is one too
+        self.init = "moments" if self.privacy.sums_only else self.params.init
         # under DP with dp-labels = centres: labels by the nearest C̃, no model sent or released
-        self.centre_labels = cfg.dp.enabled and not self.params.dp_model_release
+        self.centre_labels = self.privacy.private and not self.params.dp_model_release
         if cfg.num_rounds < 2:
             raise ValueError("FSTC needs num-rounds >= 2 (one initialisation round + training rounds)")
         if self.centre_labels:
@@ -146,31 +125,19 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
 
     # -------------------------------------------------------------------------------- replies
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
-        if self.cfg.dp.enabled:
-            return self.private_spec(server_round)
         if self.centres is None:
             if self.init == "representations":
                 return [ArraySpec("representations", (None, None))]
             if self.init == "moments":
-                return [ArraySpec("mean", (None,)), ArraySpec("mean square", (None,))]
+                return self.privacy.moments_spec()
             return [ArraySpec("centres", (None, None)), ArraySpec("counts", (None,), "i")]
         k, dim = self.centres.shape
         spec = [ArraySpec("counts", (k,), "i")]
         if self.align:
             spec.insert(0, ArraySpec("centres", (k, dim)))
-        if self.final_round(server_round):
+        if self.model_in_reply(server_round):
             spec += self.schema.array_specs()  # type: ignore[union-attr]
-        if self.cfg.secagg:
-            return secure_specs(spec, self.secure_modes(server_round))
-        return spec
-
-    def private_spec(self, server_round: int) -> list[ArraySpec]:
-        """Under DP: noisy sums (float) everywhere, counts included (clients/fstc.py)."""
-        if self.centres is None:
-            return [ArraySpec("sum", (None,)), ArraySpec("sum of squares", (None,)), ArraySpec("count", (1,))]
-        k, dim = self.centres.shape
-        spec = [ArraySpec("sums", (k, dim)), ArraySpec("counts", (k,))]
-        return spec + (self.schema.array_specs() if self.model_in_reply(server_round) else [])  # type: ignore[union-attr]
+        return self.privacy.expected(spec, self.reply_modes(server_round))
 
     def final_round(self, server_round: int) -> bool:
         return server_round >= self.cfg.num_rounds and self.schema is not None
@@ -179,12 +146,12 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         """The clients send their model this round: the last one, unless DP labels by centres."""
         return self.final_round(server_round) and not self.centre_labels
 
-    def secure_modes(self, server_round: int) -> list[str]:
-        """`fedapp.privacy.secagg` modes of this round's reply under SecAgg+."""
+    def reply_modes(self, server_round: int) -> list[str]:
+        """`fedapp.privacy.secagg` modes of this round's reply (moments: n-weighted means)."""
         if self.centres is None:
-            return list(MOMENT_MODES)
-        dtypes = [t.dtype for t in self.schema.tensors] if self.final_round(server_round) else []  # type: ignore[union-attr]
-        return secure_train_modes(self.align, dtypes)
+            return [MEAN, MEAN]
+        dtypes = [t.dtype for t in self.schema.tensors] if self.model_in_reply(server_round) else []  # type: ignore[union-attr]
+        return train_modes(self.align, dtypes)
 
     def consistent(self, server_round: int, replies: list[ClientReply]) -> list[ClientReply]:
         # the representation dimension is not known before the first replies
@@ -193,15 +160,8 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         return consistent_replies(replies, server_round, axis=0 if self.init == "moments" else 1)
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
-        if self.cfg.dp.enabled:  # noisy counts may be negative; the client says how much it has spent
-            if not isinstance(reply.metrics.get(RELEASES_KEY), int):
-                raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
-            if self.model_in_reply(server_round):
-                self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")  # type: ignore[union-attr]
-            return
-        if self.cfg.secagg:  # one secure average for all: only the totals can be checked
-            self.check_secure(server_round, reply)
-            return
+        if self.model_in_reply(server_round):
+            self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")  # type: ignore[union-attr]
         if self.centres is None:
             if self.init == "centres":
                 centres, counts = reply.arrays
@@ -209,6 +169,9 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
                     raise ReplyError(f"{centres.shape[0]} centres but counts of shape {counts.shape}")
             return
         counts = reply.arrays[1 if self.align else 0]
+        if not self.privacy.exact:  # a secure share of records in [0, 1], or noisy counts
+            self.privacy.check_shares(counts)
+            return
         # clusters below the client's privacy floor come as empty (`floor-withheld`): sizes may sum to less
         if (counts < 0).any() or int(counts.sum()) > reply.num_examples:
             raise ReplyError(
@@ -218,43 +181,22 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
             raise ReplyError(
                 f"cluster sizes sum to {int(counts.sum())} of {reply.num_examples}, none withheld"
             )
-        if server_round >= self.cfg.num_rounds and self.schema is not None:
-            self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")
-
-    def check_secure(self, server_round: int, reply: ClientReply) -> None:
-        """Under SecAgg+: the secure average of counts / n is a share of records, in [0, 1] up to noise."""
-        if self.centres is not None:
-            shares = reply.arrays[1 if self.align else 0]
-            noise = self.secure_tolerance()
-            if (shares < -noise).any() or shares.sum() > 1.0 + shares.size * noise:
-                raise ReplyError(f"secure cluster shares sum to {shares.sum():.4f}, outside [0, 1]")
-        if self.final_round(server_round):
-            self.schema.check_fingerprint(reply.metrics, sender=f"client {reply.cid}")  # type: ignore[union-attr]
 
     # ----------------------------------------------------------------------------- aggregation
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
-        if self.cfg.secagg:
-            modes = self.secure_modes(server_round)
-            replies = self.plain_equivalent(server_round, replies, modes, self.secure_dtypes(server_round))
-        if self.cfg.dp.enabled:
-            self.dp_releases = max([self.dp_releases, *(int(r.metrics[RELEASES_KEY]) for r in replies)])
+        modes, dtypes = self.reply_modes(server_round), self.secure_dtypes(server_round)
+        replies = self.privacy.intake(server_round, replies, modes, dtypes)
         if self.centres is None:
             return self.initialise(replies)
         self.has_model.update(reply.partition_id for reply in replies)
         self.record_training(server_round, replies)
-        if self.cfg.dp.enabled:  # noisy totals, summed as they are (clipping at 0 would bias them up)
-            sums, counts = (np.sum([r.arrays[i] for r in replies], axis=0) for i in (0, 1))
-            self.centres = centres_from_totals(sums, counts, self.centres, DP_EMPTY_TOTAL)  # Eq. 16
-            self.note_stale_centres(server_round, counts >= DP_EMPTY_TOTAL)
-        elif self.align and self.cfg.secagg:  # the replies hold Σ sums and Σ counts split by n_i
-            sums, counts = (np.sum([r.arrays[i] for r in replies], axis=0) for i in (0, 1))
-            self.centres = centres_from_totals(sums, counts, self.centres)  # Eq. 16
-            self.note_stale_centres(server_round, counts >= EMPTY_TOTAL)
-        elif self.align:
-            self.centres = aggregate_centres(
-                [r.arrays[0] for r in replies], [r.arrays[1] for r in replies], self.centres
-            )  # Eq. 16
-            self.note_stale_centres(server_round, np.sum([r.arrays[1] for r in replies], axis=0) > 0)
+        if self.align:  # Eq. 16 from the federation's totals (noisy totals are summed as they are)
+            weighted, total = self.privacy.centre_totals(
+                [r.arrays[0] for r in replies], [r.arrays[1] for r in replies]
+            )
+            min_total = max(EMPTY_TOTAL, self.privacy.noise_floor)
+            self.centres = centres_from_totals(weighted, total, self.centres, min_total)
+            self.note_stale_centres(server_round, total >= min_total)
         if server_round < self.cfg.num_rounds:
             return ndarrays_to_parameters([self.centres])
         if self.centre_labels:
@@ -265,7 +207,7 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
             return ndarrays_to_parameters(self.global_model)
         assert self.schema is not None
         n_model = len(self.schema)
-        weights = [1 if self.cfg.dp.enabled else r.num_examples for r in replies]  # DP: no counts sent
+        weights = self.privacy.model_weights(replies)
         self.global_model = weighted_average([r.arrays[-n_model:] for r in replies], weights)
         self.finished, self.stop_reason = True, "final model averaged"
         log(INFO, "FSTC: global model = average of %d client models (Alg. 2 line 12)", len(replies))
@@ -273,21 +215,15 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
 
     def secure_dtypes(self, server_round: int) -> list[str | None]:
         """Dtypes the secure average is cast back to: float64 sums, the model's own dtypes."""
-        modes = self.secure_modes(server_round)
-        model = [t.dtype for t in self.schema.tensors] if self.final_round(server_round) else []  # type: ignore[union-attr]
+        modes = self.reply_modes(server_round)
+        model = [t.dtype for t in self.schema.tensors] if self.model_in_reply(server_round) else []  # type: ignore[union-attr]
         return [None] * (len(modes) - len(model)) + model
 
     def initialise(self, replies: list[ClientReply]) -> Parameters:
         assert self.k is not None  # _validated rejects every reply while k is unknown
         weights: list[np.ndarray] | None = None
-        if self.cfg.dp.enabled:  # noisy (sum E, sum E*E, count): the same draws from their quotients
-            self.centres = centres_from_noisy_moments(
-                *([r.arrays[i] for r in replies] for i in range(3)), self.k, self.cfg.seed
-            )
-        elif self.init == "moments":  # a sum (SecAgg+): K seeded draws from the federated mean and variance
-            sizes = [r.num_examples for r in replies]
-            mean = np.average([r.arrays[0] for r in replies], axis=0, weights=sizes)
-            mean_square = np.average([r.arrays[1] for r in replies], axis=0, weights=sizes)
+        if self.init == "moments":  # sums only (SecAgg+, DP): K seeded draws from the federated moments
+            mean, mean_square = self.privacy.moments(replies)
             self.centres = centres_from_moments(mean, mean_square, self.k, self.cfg.seed)
         else:
             points = [r.arrays[0] for r in replies]
@@ -342,12 +278,7 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
         if self.train_metrics and self.train_metrics[-1].get("round") == server_round:
             self.train_metrics[-1]["stale-centres"] = float(stale)
         if stale and server_round >= self.cfg.num_rounds:
-            why = (
-                f"their noisy count total was below {DP_EMPTY_TOTAL:g} (DP)"
-                if self.cfg.dp.enabled
-                else f"on every client their cluster was empty or below the privacy floor ({self.floor_size} "
-                "records)"
-            )
+            why = self.privacy.empty_cluster_reason(self.floor_size)
             self.warn(f"{stale} of {len(updated)} global centres got no update in the last round: {why}")
 
     def record_training(self, server_round: int, replies: list[ClientReply]) -> None:
@@ -380,17 +311,10 @@ class FSTCStrategy(SecureSumStrategy, ClusteringStrategy):
                 "init": self.init,
                 "secagg": self.cfg.secagg,
                 "align": self.align,
-                "dp_labels": self.params.dp_labels if self.cfg.dp.enabled else None,
+                "dp_labels": self.params.dp_labels if self.privacy.private else None,
                 "site_skew": self.site_skew,
                 "train_per_round": self.train_metrics,
             },
-            "privacy": privacy_summary(
-                self.cfg.dp,
-                self.method,
-                self.cfg.num_rounds,
-                self.dp_releases,
-                model_release=self.params.dp_model_release,
-            ),
         }
 
     def model_description(self) -> dict[str, Any]:

@@ -88,13 +88,11 @@ from fedapp.neural.glue import (
     state_schema,
     weighted_average,
 )
-from fedapp.privacy.dp import RELEASES_KEY, floor_variances, privacy_summary
-from fedapp.privacy.secagg import SUM, model_modes, secure_specs
+from fedapp.privacy.secagg import SUM, model_modes
 from fedapp.wire import ArraySpec, ReplyError, decode_array
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
 from strategies.roster import FederationError
-from strategies.secure import SecureSumStrategy
 
 
 def weighted_gradient(gradients: list[list[np.ndarray]], batch_sizes: list[int]) -> list[np.ndarray]:
@@ -106,6 +104,27 @@ def server_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradie
     """Eq. 3 (W <- W - lr G with SGD) or Adam's update, applied to the global model with gradient G."""
     load_gradients(model, gradient)
     optimizer.step()
+
+
+def apply_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    exchange: str,
+    replies: list[list[np.ndarray]],
+    weights: list[int],
+) -> None:
+    """One global step from the clients' replies (update, then BatchNorm buffers), weighted by batch size:
+    Eq. 2 + Eq. 3 (or Adam) on the gradients, or the average of locally stepped parameters; the
+    buffers averaged alike."""
+    n_update = len(state_schema(model, "trainable"))
+    updates = [reply[:n_update] for reply in replies]
+    if exchange == "gradient":
+        server_step(model, optimizer, weighted_gradient(updates, weights))
+    else:
+        load_state_arrays(model, weighted_average(updates, weights), part="trainable")
+    load_state_arrays(
+        model, weighted_average([reply[n_update:] for reply in replies], weights), part="buffers"
+    )
 
 
 def synthetic_scores(
@@ -122,7 +141,7 @@ def synthetic_scores(
     index = {term: j for j, term in enumerate(truth.vocabulary)}
     columns = np.array([index[term] for term in vocabulary])
     size = len(truth.vocabulary)
-    topic_word = model.topic_word().cpu().numpy().astype(np.float64)
+    topic_word = topic_word_matrix(model)
     beta = model.beta.detach().cpu().numpy().astype(np.float64)
     heldout = truth.heldout_counts
     contexts = bow_projection(heldout, seed) if context_dim else None
@@ -134,6 +153,99 @@ def synthetic_scores(
             to_full_vocabulary(reference_double_softmax(beta), columns, size), truth.topics
         ),
     }
+
+
+def frequencies_from_totals(
+    candidates: Sequence[str], totals: np.ndarray, n_documents: int
+) -> DocumentFrequencies:
+    """The union's document frequencies from SecAgg+'s total, rounded (its error is far below 0.5)."""
+    counts = np.rint(totals).astype(np.int64)
+    return DocumentFrequencies(
+        {term: int(c) for term, c in zip(candidates, counts, strict=True) if c > 0}, n_documents
+    )
+
+
+def batch_documents(documents: int, steps_per_epoch: int, step: int, local_steps: int) -> int:
+    """Documents a client of `documents` uses in global steps step .. step + local_steps - 1 (batch sizes
+    do not depend on the seed)."""
+    split = EpochSplit(documents, steps_per_epoch, 0)
+    return sum(split.batch_size(s) for s in range(step, step + local_steps))
+
+
+def check_vocabulary_reply(reply: ClientReply, phase: str, shares: bool, tolerance: float) -> None:
+    """A vocabulary-consensus reply: a term list without duplicate or empty terms (`terms`), SecAgg+'s
+    mean of document frequency / n over the union (`shares`: in [0, 1] up to `tolerance`), or a term list
+    with document frequencies and the client's context dimension; ReplyError otherwise."""
+    if phase == PHASE_TERMS:
+        terms = reply.arrays[0]
+        if len(np.unique(terms)) != len(terms) or (terms == "").any():
+            raise ReplyError("the term list has duplicate or empty terms")
+    elif shares:
+        values = reply.arrays[0]
+        if (values < -tolerance).any() or (values > 1.0 + tolerance).any():
+            raise ReplyError("secure document-frequency shares outside [0, 1]")
+    else:
+        try:
+            DocumentFrequencies.from_arrays(*reply.arrays, reply.num_examples)
+        except BowError as exc:
+            raise ReplyError(f"vocabulary statistics: {exc}") from None
+        if not isinstance(reply.metrics.get("context-dim"), int) or reply.metrics["context-dim"] < 0:
+            raise ReplyError("metrics lack a non-negative integer 'context-dim'")
+
+
+def federated_epoch(documents: list[int], batch_size: int) -> int:
+    """Steps per epoch shared by every client (`steps_per_epoch`); FederationError when some client's
+    documents cannot be split into that many batches."""
+    steps = steps_per_epoch(documents, batch_size)
+    try:
+        for n in documents:
+            EpochSplit(n, steps, 0)
+    except TopicModelError as exc:
+        raise FederationError(f"batch-size {batch_size}: {exc}") from None
+    return steps
+
+
+def training_budget(
+    params: GFedNTMConfig, steps_per_epoch: int, server_round: int, num_rounds: int
+) -> tuple[int, str]:
+    """(steps to train: `epochs` epochs, at most `max-steps`, as many as the rounds after `server_round`
+    allow; what capped them, for the log)."""
+    wanted = params.epochs * steps_per_epoch
+    if params.max_steps:
+        wanted = min(wanted, params.max_steps)
+    steps = min(wanted, (num_rounds - server_round) * params.local_steps)
+    if steps == wanted:
+        return steps, "as configured"
+    needed = server_round + -(-wanted // params.local_steps)
+    return steps, f"capped by num-rounds={num_rounds}; {wanted} wanted: set num-rounds >= {needed}"
+
+
+def topic_summary(model: torch.nn.Module, vocabulary: Sequence[str]) -> dict[str, Any]:
+    """summary.json's topics: each topic's top words (terms and indices) and the vocabulary."""
+    top, terms = topic_words(model, vocabulary)
+    return {"top_words": terms, "top_word_indices": top.tolist(), "vocabulary": list(vocabulary)}
+
+
+def topic_word_matrix(model: torch.nn.Module) -> np.ndarray:
+    """The model's K x V topic-word distributions, float64 on the CPU."""
+    return model.topic_word().cpu().numpy().astype(np.float64)
+
+
+def topic_words(model: torch.nn.Module, vocabulary: Sequence[str]) -> tuple[np.ndarray, list[list[str]]]:
+    """(indices of each topic's top words by weight, the first NPMI_TOP_WORDS of them as terms)."""
+    top = top_words(topic_word_matrix(model), DIVERSITY_TOP_WORDS)
+    return top, [[vocabulary[j] for j in row[:NPMI_TOP_WORDS]] for row in top]
+
+
+def npmi_metrics(
+    server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], topics: int
+) -> dict[str, float]:
+    """NPMI of the top words from the clients' summed co-occurrence counts ({} when none is valid)."""
+    total, documents = summed_cooccurrences(server_round, results, (topics, NPMI_TOP_WORDS, NPMI_TOP_WORDS))
+    if total is None:
+        log(WARNING, "round %d: no co-occurrence counts; NPMI not computed", server_round)
+        return {}
+    return {"npmi": float(npmi_from_cooccurrence(total, documents).mean())}
 
 
 def summed_cooccurrences(
@@ -173,7 +285,7 @@ def summed_cooccurrences(
     return total, documents
 
 
-class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
+class GFedNTMStrategy(ClusteringStrategy):
     """See the module docstring; hooks read top to bottom: configure -> validate -> aggregate -> evaluate."""
 
     method = "gfedntm"
@@ -188,7 +300,6 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         "last_loss",
         "step_seconds",
         "candidates",
-        "dp_releases",
     )  # W and the server optimizer: `state_dict`
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -211,7 +322,6 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         self.step_seconds: list[float] = []  # wall seconds of each training round (fit -> aggregate)
         self._pending: dict[str, float] = {}  # server-side metrics waiting for the clients' NPMI counts
         self.candidates: tuple[str, ...] | None = None  # SecAgg+: the union of the clients' term lists
-        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
 
     @property
     def training(self) -> bool:
@@ -220,11 +330,9 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
     def new_global_model(self) -> None:
         """W^(0) from the run seed for the merged vocabulary, and the server optimizer."""
         assert self.vocabulary is not None
-        params = self.params
-        self.model = build_model(params, len(self.vocabulary), self.context_dim, self.cfg.seed, self.device)
-        self.optimizer = make_optimizer(
-            list(self.model.parameters()), params.optimizer, params.lr, params.betas
-        )
+        p = self.params
+        self.model = build_model(p, len(self.vocabulary), self.context_dim, self.cfg.seed, self.device)
+        self.optimizer = make_optimizer(list(self.model.parameters()), p.optimizer, p.lr, p.betas)
 
     def state_dict(self) -> dict[str, Any]:
         """The base state plus W and the server optimizer's moments (their torch `state_dict`s)."""
@@ -253,7 +361,12 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         """`terms` / `vocabulary` until the consensus, None once training."""
         if self.training:
             return None
-        return PHASE_TERMS if self.cfg.secagg and self.candidates is None else PHASE_VOCABULARY
+        # under SecAgg+ the vocabulary takes two rounds: the term lists (not a sum), then the frequencies
+        # over their union (a secure sum)
+        return PHASE_TERMS if self.privacy.secure and self.candidates is None else PHASE_VOCABULARY
+
+    def sends_releases(self, server_round: int) -> bool:
+        return self.training  # the vocabulary round is not covered by DP (summary.json says so)
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         config = {**super().fit_config(server_round), SECAGG_KEY: self.cfg.secagg}
@@ -275,12 +388,9 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
             union = [np.array(self.candidates, dtype=np.str_)] if self.candidates is not None else []
             return [(client, FitIns(ndarrays_to_parameters(union), config)) for client in clients]
         assert self.model is not None and self.vocabulary is not None
-        state = state_arrays(self.model)
+        state, vocabulary = state_arrays(self.model), np.array(self.vocabulary, dtype=np.str_)
         plain = FitIns(ndarrays_to_parameters(state), config)
-        first = FitIns(
-            ndarrays_to_parameters([np.array(self.vocabulary, dtype=np.str_), *state]),
-            {**config, "with-vocabulary": True},
-        )
+        first = FitIns(ndarrays_to_parameters([vocabulary, *state]), {**config, "with-vocabulary": True})
         return [(client, plain if client.cid in self.has_vocabulary else first) for client in clients]
 
     # -------------------------------------------------------------------------------- validate
@@ -288,12 +398,12 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         phase = self.vocabulary_phase()
         if phase == PHASE_TERMS:
             return [ArraySpec("terms", (None,), "U")]
-        if phase == PHASE_VOCABULARY and self.cfg.secagg:
-            return [ArraySpec("document-frequency shares", (len(self.candidates or ()),))]
+        if phase == PHASE_VOCABULARY and self.candidates is not None:  # frequencies over the union
+            shares = [ArraySpec("document-frequency shares", (len(self.candidates),))]
+            return self.privacy.expected(shares, [SUM])
         if phase == PHASE_VOCABULARY:
             return [ArraySpec("terms", (None,), "U"), ArraySpec("document-frequencies", (None,), "i")]
-        specs = self.state_specs()
-        return secure_specs(specs, self.secure_modes()) if self.cfg.secagg else specs
+        return self.privacy.expected(self.state_specs(), self.reply_modes())
 
     def state_specs(self) -> list[ArraySpec]:
         """A training reply: the update (gradient or parameters), then the BatchNorm buffers."""
@@ -301,7 +411,7 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         update = state_schema(self.model, "trainable").array_specs()
         return [*update, *state_schema(self.model, "buffers").array_specs()]
 
-    def secure_modes(self) -> list[str]:
+    def reply_modes(self) -> list[str]:
         """`fedapp.privacy.secagg` modes of a training reply: floats averaged, integer buffers in the
         clear."""
         return model_modes([spec.dtype or "float64" for spec in self.state_specs()])
@@ -313,29 +423,13 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         return keep_modal(replies, server_round, lambda reply: int(reply.metrics[dim]), dim)
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
-        phase = self.vocabulary_phase()
-        if phase == PHASE_TERMS:
-            terms = reply.arrays[0]
-            if len(np.unique(terms)) != len(terms) or (terms == "").any():
-                raise ReplyError("the term list has duplicate or empty terms")
-            return
-        if phase == PHASE_VOCABULARY and self.cfg.secagg:  # the secure mean of df / n: shares in [0, 1]
-            shares, noise = reply.arrays[0], self.secure_tolerance()
-            if (shares < -noise).any() or (shares > 1.0 + noise).any():
-                raise ReplyError("secure document-frequency shares outside [0, 1]")
-            return
         if not self.training:
-            try:
-                DocumentFrequencies.from_arrays(*reply.arrays, reply.num_examples)
-            except BowError as exc:
-                raise ReplyError(f"vocabulary statistics: {exc}") from None
-            if not isinstance(reply.metrics.get("context-dim"), int) or reply.metrics["context-dim"] < 0:
-                raise ReplyError("metrics lack a non-negative integer 'context-dim'")
+            phase = self.vocabulary_phase()
+            shares = phase == PHASE_VOCABULARY and self.candidates is not None
+            check_vocabulary_reply(reply, phase, shares, self.privacy.tolerance())  # type: ignore[arg-type]
             return
         assert self.model is not None
         state_schema(self.model).check_fingerprint(reply.metrics, sender=f"client {reply.cid}")
-        if self.cfg.dp.enabled and not isinstance(reply.metrics.get(RELEASES_KEY), int):
-            raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
         if reply.metrics.get("step") != self.step:
             raise ReplyError(
                 f"reply for step {reply.metrics.get('step')!r}, the federation is at step {self.step}"
@@ -346,11 +440,11 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
 
     def expected_documents(self, partition_id: int) -> int | None:
         """Documents client `partition_id` must have used this round (None: not in the consensus)."""
-        n = self.client_documents.get(partition_id)
-        if n is None:
-            return None
-        split = EpochSplit(n, self.steps_per_epoch, 0)  # batch sizes do not depend on the seed
-        return sum(split.batch_size(step) for step in range(self.step, self.step + self.params.local_steps))
+        n, steps = (
+            self.client_documents.get(partition_id),
+            (self.steps_per_epoch, self.step, self.params.local_steps),
+        )
+        return None if n is None else batch_documents(n, *steps)
 
     # ------------------------------------------------------------------------------- aggregate
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
@@ -359,28 +453,20 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
             self.candidates = tuple(sorted({str(term) for reply in replies for term in reply.arrays[0]}))
             log(INFO, "gFedNTM: %d candidate terms from %d clients", len(self.candidates), len(replies))
             return ndarrays_to_parameters([])
-        if phase == PHASE_VOCABULARY and self.cfg.secagg:
-            return self.vocabulary_consensus(
-                server_round, replies, self.secure_frequencies(server_round, replies)
-            )
+        if phase == PHASE_VOCABULARY and self.candidates is not None:
+            shares = self.privacy.intake(server_round, replies, [SUM])
+            totals = self.privacy.totals([reply.arrays[0] for reply in shares])
+            documents = sum(reply.num_examples for reply in replies)
+            merged = frequencies_from_totals(self.candidates, totals, documents)
+            return self.vocabulary_consensus(server_round, replies, merged)
         if phase == PHASE_VOCABULARY:
             merged = merge_document_frequencies(
                 DocumentFrequencies.from_arrays(*reply.arrays, reply.num_examples) for reply in replies
             )
             return self.vocabulary_consensus(server_round, replies, merged)
-        if self.cfg.secagg:
-            dtypes = [spec.dtype for spec in self.state_specs()]
-            replies = self.plain_equivalent(server_round, replies, self.secure_modes(), dtypes)
+        dtypes = [spec.dtype for spec in self.state_specs()]
+        replies = self.privacy.intake(server_round, replies, self.reply_modes(), dtypes)
         return self.training_step(server_round, replies)
-
-    def secure_frequencies(self, server_round: int, replies: list[ClientReply]) -> DocumentFrequencies:
-        """The union's document frequencies from SecAgg+'s total, rounded (its error is far below 0.5)."""
-        assert self.candidates is not None
-        shares = self.plain_equivalent(server_round, replies, [SUM], [None])
-        totals = np.rint(np.sum([reply.arrays[0] for reply in shares], axis=0)).astype(np.int64)
-        n_documents = sum(reply.num_examples for reply in replies)
-        counts = {term: int(c) for term, c in zip(self.candidates, totals, strict=True) if c > 0}
-        return DocumentFrequencies(counts, n_documents)
 
     def vocabulary_consensus(
         self, server_round: int, replies: list[ClientReply], merged: DocumentFrequencies
@@ -391,19 +477,12 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
             merged, min_df=params.min_df, max_df=params.max_df, max_features=params.max_features or None
         )
         self.client_documents = {reply.partition_id: reply.num_examples for reply in replies}
-        self.steps_per_epoch = steps_per_epoch(list(self.client_documents.values()), params.batch_size)
-        try:
-            for n in self.client_documents.values():
-                EpochSplit(n, self.steps_per_epoch, 0)
-        except TopicModelError as exc:
-            raise FederationError(f"batch-size {params.batch_size}: {exc}") from None
+        self.steps_per_epoch = federated_epoch(list(self.client_documents.values()), params.batch_size)
         self.context_dim = int(replies[0].metrics["context-dim"])
         self.new_global_model()
-        wanted = params.epochs * self.steps_per_epoch
-        if params.max_steps:
-            wanted = min(wanted, params.max_steps)
-        rounds_left = (self.cfg.num_rounds - server_round) * params.local_steps
-        self.total_steps = min(wanted, rounds_left)
+        self.total_steps, budget = training_budget(
+            params, self.steps_per_epoch, server_round, self.cfg.num_rounds
+        )
         log(
             INFO,
             "gFedNTM: vocabulary of %d terms from %d clients (%d documents); %d steps per epoch; "
@@ -413,10 +492,7 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
             merged.n_documents,
             self.steps_per_epoch,
             self.total_steps,
-            "as configured"
-            if self.total_steps == wanted
-            else f"capped by num-rounds={self.cfg.num_rounds}; {wanted} wanted: set num-rounds >= "
-            f"{server_round + -(-wanted // params.local_steps)}",
+            budget,
         )
         if self.total_steps == 0:
             self.finished, self.stop_reason = True, f"no training round left (num-rounds = {server_round})"
@@ -425,18 +501,10 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
     def training_step(self, server_round: int, replies: list[ClientReply]) -> Parameters:
         """Eq. 2 and Eq. 3 (or Adam) on the replies that passed validation; buffers averaged alike."""
         assert self.model is not None and self.optimizer is not None
-        n_update = len(state_schema(self.model, "trainable"))
         weights = [reply.num_examples for reply in replies]
-        updates = [reply.arrays[:n_update] for reply in replies]
-        buffers = [reply.arrays[n_update:] for reply in replies]
-        if self.params.exchange == "gradient":
-            server_step(self.model, self.optimizer, weighted_gradient(updates, weights))
-        else:
-            load_state_arrays(self.model, weighted_average(updates, weights), part="trainable")
-        averaged = weighted_average(buffers, weights)
-        if self.cfg.dp.enabled:  # noisy running variances may be <= 0
-            averaged = floor_variances(state_schema(self.model, "buffers").names, averaged)
-            self.dp_releases = max([self.dp_releases, *(int(r.metrics[RELEASES_KEY]) for r in replies)])
+        apply_step(self.model, self.optimizer, self.params.exchange, [r.arrays for r in replies], weights)
+        buffer_names = state_schema(self.model, "buffers").names
+        averaged = self.privacy.positive_variances(buffer_names, state_arrays(self.model, "buffers"))
         load_state_arrays(self.model, averaged, part="buffers")
         self.has_vocabulary.update(reply.cid for reply in replies)
         self.last_loss = float(
@@ -459,7 +527,8 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Every client counts the co-occurrences of the top words (NPMI); TD, TSS, DSS come from W."""
         self._pending = self.server_metrics()
-        top = top_words(self.topic_word(), NPMI_TOP_WORDS)
+        assert self.model is not None
+        top = top_words(topic_word_matrix(self.model), NPMI_TOP_WORDS)
         ins = EvaluateIns(
             ndarrays_to_parameters([top]), {"server-round": server_round, "phase": PHASE_COOCCURRENCE}
         )
@@ -469,13 +538,7 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]
     ) -> tuple[dict[str, float], dict[str, Any]]:
         """The server's metrics plus NPMI from the summed co-occurrence counts of the clients."""
-        shape = (self.params.topics, NPMI_TOP_WORDS, NPMI_TOP_WORDS)
-        total, documents = summed_cooccurrences(server_round, results, shape)
-        metrics = dict(self._pending)
-        if total is not None:
-            metrics["npmi"] = float(npmi_from_cooccurrence(total, documents).mean())
-        else:
-            log(WARNING, "round %d: no co-occurrence counts; NPMI not computed", server_round)
+        metrics = {**self._pending, **npmi_metrics(server_round, results, self.params.topics)}
         epoch = self.step / max(self.steps_per_epoch, 1)
         return metrics, {"step": self.step, "epoch": epoch, "train_loss": self.last_loss}
 
@@ -483,20 +546,13 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
         shown = " ".join(f"{key} {metrics[key]:.4g}" for key in self.headline_metrics if key in metrics)
         return f"step {self.step}/{self.total_steps} {shown}"
 
-    def topic_word(self) -> np.ndarray:
-        assert self.model is not None
-        return self.model.topic_word().cpu().numpy().astype(np.float64)
-
     def server_metrics(self) -> dict[str, float]:
         """What the server computes from W alone: topic diversity; on synthetic corpora TSS and DSS."""
-        metrics = {"td": topic_diversity(top_words(self.topic_word(), DIVERSITY_TOP_WORDS))}
+        assert self.model is not None and self.vocabulary is not None
+        metrics = {"td": topic_diversity(topic_words(self.model, self.vocabulary)[0])}
         if self.synthetic:
-            assert self.model is not None and self.vocabulary is not None
-            cfg, theta_samples = self.cfg, self.params.theta_samples
-            scores = synthetic_scores(
-                self.model, self.vocabulary, cfg.dataset, cfg.seed, theta_samples, self.context_dim
-            )
-            metrics.update(scores)
+            truth = (self.cfg.dataset, self.cfg.seed, self.params.theta_samples, self.context_dim)
+            metrics.update(synthetic_scores(self.model, self.vocabulary, *truth))
         return metrics
 
     def report_parameters(self) -> Parameters | None:
@@ -509,24 +565,22 @@ class GFedNTMStrategy(SecureSumStrategy, ClusteringStrategy):
     def model_description(self) -> dict[str, Any]:
         if not self.training:
             return {}
-        top = top_words(self.topic_word(), DIVERSITY_TOP_WORDS)
+        assert self.model is not None and self.vocabulary is not None
         return {
-            "topic_words": [[self.vocabulary[j] for j in row[:NPMI_TOP_WORDS]] for row in top],  # type: ignore[index]
-            "vocabulary_size": len(self.vocabulary or ()),
+            "topic_words": topic_words(self.model, self.vocabulary)[1],
+            "vocabulary_size": len(self.vocabulary),
         }
 
     def extra_summary(self) -> dict[str, Any]:
         seconds = self.step_seconds
-        summary: dict[str, Any] = {
+        return {
             "steps": self.step,
             "steps_per_epoch": self.steps_per_epoch,
             "vocabulary_size": len(self.vocabulary or ()),
             "seconds_per_step_round": float(np.median(seconds)) if seconds else None,
-            "privacy": privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases),
+            **(
+                topic_summary(self.model, self.vocabulary)
+                if self.model is not None and self.vocabulary
+                else {}
+            ),
         }
-        if self.training:
-            top = top_words(self.topic_word(), DIVERSITY_TOP_WORDS)
-            summary["top_words"] = [[self.vocabulary[j] for j in row[:NPMI_TOP_WORDS]] for row in top]
-            summary["top_word_indices"] = top.tolist()
-            summary["vocabulary"] = list(self.vocabulary or ())
-        return summary

@@ -63,6 +63,11 @@ class StrategyHooks:
         as the vertical id alignment takes the round)."""
         return self.reply_spec(server_round)
 
+    def sends_releases(self, server_round: int) -> bool:
+        """Whether this round's fit replies are DP releases under DP (default: every fit reply is; a
+        setup or vocabulary round that no noise covers says no, and summary.json names it)."""
+        return True
+
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
         """Method-specific consistency checks beyond `reply_spec`; raise ReplyError to reject."""
 

@@ -1,23 +1,19 @@
 """k-FED strategy (Dennis et al., ICML 2021): one-shot; k-means over the union of local centres.
 
-Under differential privacy (`fedapp.privacy.dp`) the local centres are noisy DP-Lloyd centres; the merge
-weights
-each by its noisy count (post-processing: a centre of a few noisy records is mostly noise) and
-summary.json's `privacy` block accounts the clients' releases.
+Under differential privacy the local centres are noisy DP-Lloyd centres (clients/kfed.py); the merge
+weights each by its noisy count (post-processing: a centre of a few noisy records is mostly noise).
+The privacy layer (`strategies.privacy`) accounts the clients' releases in summary.json's `privacy`.
 """
 
 from __future__ import annotations
 
 from logging import INFO
-from typing import Any
 
 import numpy as np
 from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 
-from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import kmeans
 from fedapp.methods.kfed import KFedConfig
-from fedapp.privacy.dp import RELEASES_KEY, privacy_summary
 from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, consistent_replies
@@ -46,11 +42,6 @@ class KFedStrategy(ClusteringStrategy):
     """Round 1 collects local centres and builds the global centres; later rounds are no-ops."""
 
     method = "kfed"
-    state_fields = ("dp_releases",)
-
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
-        self.dp_releases = 0  # the most noisy releases any client reported (summary.json `privacy`)
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         local_k = self.cfg.params(KFedConfig).local_k
@@ -67,15 +58,12 @@ class KFedStrategy(ClusteringStrategy):
         centres, counts = reply.arrays
         if counts.shape[0] != centres.shape[0] or (counts < 0).any():
             raise ReplyError(f"{centres.shape[0]} centres but counts of shape {counts.shape}")
-        if self.cfg.dp.enabled and not isinstance(reply.metrics.get(RELEASES_KEY), int):
-            raise ReplyError(f"a DP reply without an integer '{RELEASES_KEY}'")
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
         assert self.k is not None  # _validated rejects every reply while k is unknown
-        counts = None
-        if self.cfg.dp.enabled:
-            counts = [reply.arrays[1] for reply in replies]
-            self.dp_releases = max(self.dp_releases, *(int(r.metrics[RELEASES_KEY]) for r in replies))
+        replies = self.privacy.intake(server_round, replies, [])
+        # under DP a centre of a few noisy records is mostly noise: the merge weighs each by its count
+        counts = [reply.arrays[1] for reply in replies] if self.privacy.private else None
         centres = merge_local_centres([reply.arrays[0] for reply in replies], self.k, self.cfg.seed, counts)
         self.finished, self.stop_reason = True, "one-shot"
         log(
@@ -86,7 +74,3 @@ class KFedStrategy(ClusteringStrategy):
             self.k,
         )
         return ndarrays_to_parameters([centres])
-
-    def extra_summary(self) -> dict[str, Any]:
-        privacy = privacy_summary(self.cfg.dp, self.method, self.cfg.num_rounds, self.dp_releases)
-        return {**super().extra_summary(), "privacy": privacy}

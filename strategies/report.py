@@ -49,7 +49,7 @@ from fedapp.metrics.label_free import (
     merge_term_counts,
     pooled_means,
 )
-from fedapp.privacy.dp import RELEASES_KEY, clip_rows, report_summary
+from fedapp.privacy.dp import clip_rows
 from fedapp.privacy.secagg import CLIPPED_KEY
 from fedapp.report.assignments import SCORE_KINDS
 from fedapp.report.model_store import MODEL_DIR, write_model
@@ -63,6 +63,7 @@ from fedapp.report.stages import (
     STAGE_ASSIGN,
     STAGE_DISTANCES,
 )
+from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord
 from strategies.replies import describe_failure
 from strategies.report_intake import (
@@ -93,8 +94,7 @@ class ReportHost(Protocol):
     record: RunRecord  # the communication ledger books the report's messages
     roster: ClientRoster  # who is asked
     final_metrics: dict[str, float] | None  # the label-free metrics join them
-    dp_releases: int  # the most noisy releases any client reported over the run
-    secagg_clipped: int  # values SecAgg+ clipped over the run
+    privacy: PrivacyLayer  # the report's DP releases and SecAgg+ clipping count with the training's
 
     def report_parameters(self) -> Parameters | None: ...
 
@@ -206,9 +206,9 @@ class FinalReport:
                 views = self.host.report_views()
                 return self.merge_assignments(plain_assignments(results, k, self.vertical, views))
             return self.merge_distances(plain_distances(results, self.reporters, self.vertical))
-        self._count_releases(results)
+        self.host.privacy.note_releases([res.metrics for _, res in results])
         if stage == STAGE_ASSIGN:
-            self.summary["dp"] = report_summary(cfg.dp, cfg.method)
+            self.summary["dp"] = self.host.privacy.plan.report_summary()  # type: ignore[union-attr]
             return self.merge_assignments(noisy_assignments(results, k))
         counts = self.pooled_sums().counts
         return self.merge_distances(noisy_distances(results, len(self.reporters), counts))
@@ -251,8 +251,7 @@ class FinalReport:
             )
             return SECURE_RETRY
         if clipped:
-            self.host.secagg_clipped += clipped
-            log(WARNING, "final report (%s): SecAgg+ clipped %d values (raise secagg-clip)", stage, clipped)
+            self.host.privacy.note_clipped(f"final report ({stage})", clipped)
         secure["scale"][stage] = scale
         totals = secure_totals(results)
         try:
@@ -278,11 +277,6 @@ class FinalReport:
 
     def _missing(self, results: list[tuple[ClientProxy, Any]]) -> list[str]:
         return sorted(set(self.asked) - {client.cid for client, _ in results})
-
-    def _count_releases(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> None:
-        made = [res.metrics.get(RELEASES_KEY) for _, res in results]
-        spent = max((m for m in made if isinstance(m, int)), default=0)
-        self.host.dp_releases = max(self.host.dp_releases, spent)
 
     # ------------------------------------------------------------------------------ the merge
     def merge_assignments(self, arrived: Assignments) -> bool:

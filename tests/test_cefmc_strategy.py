@@ -634,11 +634,15 @@ def _distance_replies(distances: list[np.ndarray]) -> list[FitResult]:
     return [_reply(v, [d]) for v, d in enumerate(distances)]
 
 
-@pytest.mark.parametrize("strategy_class", [FedCMvStrategy, FedFCMvStrategy])
-def test_fedcmv_round_one_labels_are_argmin_of_summed_distances(
-    tmp_path: Path, strategy_class: type[FedCMvStrategy]
-) -> None:
-    strategy = strategy_class(_cfg(tmp_path, method=strategy_class.method))
+@pytest.fixture(params=[FedCMvStrategy, FedFCMvStrategy], ids=["fedcmv", "fedfcmv"])
+def fedcmv_strategy(request: pytest.FixtureRequest, tmp_path: Path) -> FedCMvStrategy:
+    """A fresh FedCMv (hard labels) or FedFCMv (fuzzy memberships) strategy."""
+    strategy_class: type[FedCMvStrategy] = request.param
+    return strategy_class(_cfg(tmp_path, method=strategy_class.method))
+
+
+def test_fedcmv_round_one_labels_are_argmin_of_summed_distances(fedcmv_strategy: FedCMvStrategy) -> None:
+    strategy = fedcmv_strategy
     manager = _manager()
     instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
     assert len(instructions) == N_VIEWS
@@ -651,7 +655,7 @@ def test_fedcmv_round_one_labels_are_argmin_of_summed_distances(
     assert stats["accepted"] == N_VIEWS
     (labels,) = _decoded(parameters)
     assert labels.dtype == np.uint8
-    if strategy_class is FedCMvStrategy:
+    if type(strategy) is FedCMvStrategy:
         np.testing.assert_array_equal(labels, total.argmin(axis=1))
         assert strategy.objectives == [pytest.approx(cmeans_objective(total, total.argmin(axis=1)))]
     else:
@@ -661,11 +665,8 @@ def test_fedcmv_round_one_labels_are_argmin_of_summed_distances(
         assert strategy.objectives == [pytest.approx(expected)]
 
 
-@pytest.mark.parametrize("strategy_class", [FedCMvStrategy, FedFCMvStrategy])
-def test_fedcmv_round_two_sends_the_assignment_to_every_client(
-    tmp_path: Path, strategy_class: type[FedCMvStrategy]
-) -> None:
-    strategy = strategy_class(_cfg(tmp_path, method=strategy_class.method))
+def test_fedcmv_round_two_sends_the_assignment_to_every_client(fedcmv_strategy: FedCMvStrategy) -> None:
+    strategy = fedcmv_strategy
     distances = _partial_distances()
     total = np.sum(distances, axis=0)
     strategy.aggregate_fit(1, _distance_replies(distances), [])
@@ -674,7 +675,7 @@ def test_fedcmv_round_two_sends_the_assignment_to_every_client(
     for _, ins in instructions:
         assert ins.config["phase"] == "update"
         (assignment,) = parameters_to_ndarrays(ins.parameters)
-        if strategy_class is FedCMvStrategy:
+        if type(strategy) is FedCMvStrategy:
             assert assignment.dtype == np.uint8 and assignment.shape == (N_SAMPLES,)
             np.testing.assert_array_equal(assignment, total.argmin(axis=1))
         else:

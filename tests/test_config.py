@@ -159,15 +159,21 @@ def test_server_fn_builds_the_strategy_for_a_good_config(tmp_path: Path) -> None
     assert strategy.out_dir == tmp_path
 
 
-def test_cli_rejects_an_unknown_method_without_starting_flower(tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "simulation", "run", "--method", "nope", "--dataset", "digits"]
-        + ["--clients", "2", "--out", str(tmp_path / "out")],
+def _simulation_run(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m simulation run ARGS` in the project root, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "simulation", "run", *args],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
         timeout=30,
+    )
+
+
+def test_cli_rejects_an_unknown_method_without_starting_flower(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = _simulation_run(
+        "--method", "nope", "--dataset", "digits", "--clients", "2", "--out", str(tmp_path / "out")
     )
     elapsed = time.monotonic() - started
     assert result.returncode == 2
@@ -178,13 +184,8 @@ def test_cli_rejects_an_unknown_method_without_starting_flower(tmp_path: Path) -
 
 
 def test_cli_rejects_a_bad_set_option(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "simulation", "run", "--method", "kfed", "--dataset", "digits"]
-        + ["--set", "p=2", "--out", str(tmp_path / "out")],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
+    result = _simulation_run(
+        "--method", "kfed", "--dataset", "digits", "--set", "p=2", "--out", str(tmp_path / "out")
     )
     assert result.returncode == 2
     assert "error: run-config 'p' must be in [0, 1], got 2" in result.stderr

@@ -160,37 +160,56 @@ def test_no_data_directory_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         load_dataset("hw")
 
 
-def test_malformed_idx_names_the_file(tmp_path: Path) -> None:
-    _write_gzip(tmp_path / "mnist" / "t10k-images-idx3-ubyte.gz", b"not an idx file")
-    _write_gzip(tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz", b"\x00\x00\x08\x01\x00\x00\x00\x01\x07")
-    with pytest.raises(DatasetError, match=r"t10k-images-idx3-ubyte\.gz: not an IDX file"):
-        load_dataset("mnist-test", tmp_path)
+MNIST_IMAGES, MNIST_LABELS = "mnist/t10k-images-idx3-ubyte.gz", "mnist/t10k-labels-idx1-ubyte.gz"
+# an IDX header: unsigned bytes, 3 dimensions, 3 images of 28 x 28
+IDX_HEADER_3_IMAGES = bytes((0, 0, 8, 3)) + b"".join(d.to_bytes(4, "big") for d in (3, 28, 28))
 
 
-def test_idx_count_mismatch_is_an_error(tmp_path: Path) -> None:
-    header = bytes((0, 0, 8, 3)) + b"".join(d.to_bytes(4, "big") for d in (3, 28, 28))
-    _write_gzip(tmp_path / "mnist" / "t10k-images-idx3-ubyte.gz", header + bytes(3 * 28 * 28))
-    _write_gzip(tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz", bytes((0, 0, 8, 1, 0, 0, 0, 3, 1, 2, 3)))
-    with pytest.raises(DatasetError, match="expected 10000 items, found 3"):
-        load_dataset("mnist-test", tmp_path)
-
-
-def test_malformed_text_line_is_reported(tmp_path: Path) -> None:
-    _write_gzip(tmp_path / "agnews" / "agnewsdataraw-8000.gz", b"1\tfine text\nno tab here\n")
-    with pytest.raises(DatasetError, match="line 2 is not 'label<TAB>text'"):
-        load_dataset("agnews", tmp_path)
-
-
-def test_text_count_mismatch_is_reported(tmp_path: Path) -> None:
-    _write_gzip(tmp_path / "agnews" / "agnewsdataraw-8000.gz", b"1\tone\n2\ttwo\n")
-    with pytest.raises(DatasetError, match="expected 8000 samples, found 2"):
-        load_dataset("agnews", tmp_path)
-
-
-def test_malformed_arff_is_reported(tmp_path: Path) -> None:
-    _write_gzip(tmp_path / "drybean" / "Dry_Bean_Dataset.arff.gz", b"@RELATION beans\n")
-    with pytest.raises(DatasetError, match="Dry_Bean_Dataset.arff.gz: expected 16 numeric attributes"):
-        load_dataset("drybean", tmp_path)
+@pytest.mark.parametrize(
+    ("name", "files", "message"),
+    [
+        pytest.param(
+            "mnist-test",
+            {MNIST_IMAGES: b"not an idx file", MNIST_LABELS: b"\x00\x00\x08\x01\x00\x00\x00\x01\x07"},
+            r"t10k-images-idx3-ubyte\.gz: not an IDX file",
+            id="malformed-idx-names-the-file",
+        ),
+        pytest.param(
+            "mnist-test",
+            {
+                MNIST_IMAGES: IDX_HEADER_3_IMAGES + bytes(3 * 28 * 28),
+                MNIST_LABELS: bytes((0, 0, 8, 1, 0, 0, 0, 3, 1, 2, 3)),
+            },
+            "expected 10000 items, found 3",
+            id="idx-count-mismatch",
+        ),
+        pytest.param(
+            "agnews",
+            {"agnews/agnewsdataraw-8000.gz": b"1\tfine text\nno tab here\n"},
+            "line 2 is not 'label<TAB>text'",
+            id="malformed-text-line",
+        ),
+        pytest.param(
+            "agnews",
+            {"agnews/agnewsdataraw-8000.gz": b"1\tone\n2\ttwo\n"},
+            "expected 8000 samples, found 2",
+            id="text-count-mismatch",
+        ),
+        pytest.param(
+            "drybean",
+            {"drybean/Dry_Bean_Dataset.arff.gz": b"@RELATION beans\n"},
+            "Dry_Bean_Dataset.arff.gz: expected 16 numeric attributes",
+            id="malformed-arff",
+        ),
+    ],
+)
+def test_malformed_files_are_reported(
+    tmp_path: Path, name: str, files: dict[str, bytes], message: str
+) -> None:
+    for path, payload in files.items():
+        _write_gzip(tmp_path / path, payload)
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(name, tmp_path)
 
 
 def test_dataset_checks_its_own_consistency() -> None:

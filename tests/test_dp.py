@@ -19,17 +19,16 @@ from fedapp.config.run import ConfigError, parse_run_config
 from fedapp.datasets.local import load_run_dataset
 from fedapp.maths.clustering import nearest_centre
 from fedapp.privacy.dp import (
-    DP_METHODS,
     RELEASES_KEY,
     PrivacyBudgetError,
     calibrate,
     clip_rows,
     epsilon_spent,
     gaussian_mechanism,
-    noise_multiplier,
     secret_rng,
     sum_count_sensitivity,
 )
+from fedapp.privacy.plan import dp_methods, dp_plan
 from simulation.__main__ import main
 
 DP = {"dp.epsilon": 2.0, "dp.delta": 1e-5, "dp.clip": 1.0}
@@ -97,7 +96,7 @@ def test_ffcm_sums_under_dp_are_noisy_and_a_huge_record_cannot_dominate() -> Non
     assert examples == 0 and metrics[RELEASES_KEY] == 1
     assert not np.allclose(sums, exact_sums) and not np.allclose(sums, clipped_sums)
     # the noise is what calibration says, around the clipped (not the raw) statistics
-    scale = noise_multiplier(cfg.dp, "ffcm", cfg.num_rounds) * sum_count_sensitivity(cfg.dp.clip)
+    scale = dp_plan(cfg).noise_multiplier * sum_count_sensitivity(cfg.dp.clip)
     residual = np.concatenate([(sums - clipped_sums).ravel(), mass - clipped_mass])
     assert abs(residual.std() / scale - 1) < 0.1
     # what is noised is a sum of clipped rows: no cluster's sum exceeds clip x its mass (the raw ones do)
@@ -114,11 +113,12 @@ def test_ffcm_client_refuses_more_releases_than_planned_and_unbounded_phases() -
     cfg = parse_run_config({"method": "ffcm", "dataset": "digits", "num-clients": 2, "num-rounds": 2, **DP})
     client = FFCMClient(_context(1, 2), cfg)
     centres = client.space[:10]
-    with pytest.raises(ValueError, match="under DP only moments"):
+    with pytest.raises(ValueError, match="under DP only moments"):  # refused before it is counted
         client.fit([], {"phase": "init", "fuzziness": 1.1})
     moments, _, _ = client.fit([], {"phase": "moments", "fuzziness": 1.1})
     assert [a.shape for a in moments] == [(64,), (64,), (1,)]
     assert not np.isclose(moments[2][0], client.data.n_samples)  # the count is noisy too
+    client.fit([centres], {"phase": "update", "fuzziness": 1.1, "local-iters": 1})  # release 2 of 2
     with pytest.raises(PrivacyBudgetError, match="2 of 2 planned"):
         client.fit([centres], {"phase": "update", "fuzziness": 1.1, "local-iters": 1})
 
@@ -184,7 +184,7 @@ def test_bad_dp_values_fail_in_one_line_before_start(
 def test_dp_on_a_method_without_support_names_the_supported_ones() -> None:
     with pytest.raises(ConfigError, match="does not support differential privacy") as info:
         parse_run_config({"method": "fedcmv", "dataset": "digits-mv", "dp.epsilon": 1.0})
-    assert all(name in str(info.value) for name in DP_METHODS)
+    assert all(name in str(info.value) for name in dp_methods())
     assert parse_run_config({"method": "kfed", **DP}).dp.epsilon == 2.0
 
 

@@ -14,12 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-import clients.fstc
 import fedapp.privacy.dp
+import fedapp.privacy.uplink
 from clients.fstc import dp_centre_statistics, private_model
 from fedapp.config.run import parse_run_config
 from fedapp.launch.resolve import build_overrides
-from fedapp.privacy.dp import UNITS, clip_joint, clip_rows, epsilon_spent, planned_releases, private_update
+from fedapp.methods import method_spec
+from fedapp.privacy.dp import clip_joint, clip_rows, epsilon_spent, private_update
+from fedapp.privacy.plan import dp_plan
 from simulation.runner import execute
 
 DP = {"dp.epsilon": 2.0, "dp.delta": 1e-5}
@@ -57,10 +59,15 @@ def test_private_update_clips_released_arrays_and_returns_the_others_unchanged()
 
 
 def test_new_methods_are_planned_and_validated() -> None:
-    assert planned_releases("fstc", 4, 5, model_release=True) == 5  # moments + 3 rounds + the model
-    assert planned_releases("fstc", 4, 5, model_release=False) == 4  # dp-labels = centres: no model
-    assert planned_releases("ccfc", 6, 5) == planned_releases("gfedntm", 6, 5) == 5
-    assert (UNITS["fstc"], UNITS["ccfc"], UNITS["gfedntm"]) == ("record", "client", "client")
+    def training(method: str, dataset: str, rounds: int, **keys: object) -> int:
+        cfg = parse_run_config({"method": method, "dataset": dataset, "num-rounds": rounds, **DP, **keys})
+        return dp_plan(cfg).training
+
+    assert training("fstc", "texts-demo", 4, **{"fstc.dp-labels": "model"}) == 5  # moments + 3 + the model
+    assert training("fstc", "texts-demo", 4) == 4  # dp-labels = centres: no model
+    assert training("ccfc", "digits", 6) == training("gfedntm", "synthetic-lda-tiny", 6) == 5
+    units = tuple(method_spec(method).dp.unit for method in ("fstc", "ccfc", "gfedntm"))  # type: ignore[union-attr]
+    assert units == ("record", "client", "client")
     for method, dataset in (("fstc", "texts-demo"), ("ccfc", "digits"), ("gfedntm", "synthetic-lda-tiny")):
         cfg = parse_run_config({"method": method, "dataset": dataset, **DP, "dp.model-clip": 0.5})
         assert cfg.dp.enabled and cfg.dp.model_clip == 0.5
@@ -91,7 +98,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
     spy = Spy()
     monkeypatch.setattr(fedapp.privacy.dp, "gaussian_mechanism", spy.mechanism)
     monkeypatch.setattr(fedapp.privacy.dp, "clip_joint", spy.clip)
-    monkeypatch.setattr(clients.fstc, "gaussian_mechanism", spy.mechanism)
+    monkeypatch.setattr(fedapp.privacy.uplink, "gaussian_mechanism", spy.mechanism)
     return spy
 
 

@@ -22,9 +22,10 @@ from clients.fstc import FSTCClient
 from fedapp.config.run import ConfigError, parse_run_config
 from fedapp.launch.resolve import build_overrides
 from fedapp.maths.clustering import nearest_centre
-from fedapp.methods.fstc import FSTCConfig
+from fedapp.methods.fstc import FSTC_DP, FSTCConfig
 from fedapp.neural.glue import state_arrays
-from fedapp.privacy.dp import REPORT_RELEASES, planned_releases, privacy_summary, total_releases
+from fedapp.privacy.dp import REPORT_RELEASES
+from fedapp.privacy.plan import dp_plan
 from fedapp.report.assignments import read_assignments
 from fedapp.report.model_store import read_model
 from simulation.predict import predict
@@ -44,18 +45,18 @@ def _run(out: Path, overrides: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ the plan
 def test_the_plan_depends_on_dp_labels() -> None:
-    assert planned_releases("fstc", ROUNDS, 5, model_release=False) == ROUNDS
-    assert planned_releases("fstc", ROUNDS, 5, model_release=True) == ROUNDS + 1
-    with pytest.raises(ValueError, match="dp-labels"):  # FSTC's plan is never guessed
-        planned_releases("fstc", ROUNDS, 5)
-    assert planned_releases("ffcm", ROUNDS, 5) == ROUNDS  # other methods: unchanged, no argument
-    cfg = parse_run_config(
-        {"method": "fstc", "dataset": "texts-demo", "dp.epsilon": 2.0, "dp.report": "noise"}
-    )
+    keys = {"dataset": "texts-demo", "num-rounds": ROUNDS, "dp.epsilon": 2.0, "dp.report": "noise"}
+    cfg = parse_run_config({"method": "fstc", **keys})
+    with_model = parse_run_config({"method": "fstc", **keys, "fstc.dp-labels": "model"})
+    assert dp_plan(cfg).training == ROUNDS
+    assert dp_plan(with_model).training == ROUNDS + 1
+    with pytest.raises(TypeError, match="dp-labels"):  # FSTC's plan is never guessed
+        FSTC_DP.training_releases(ROUNDS, cfg.dp, None)
+    assert dp_plan(parse_run_config({"method": "ffcm", **keys, "dataset": "digits"})).training == ROUNDS
     assert cfg.params(FSTCConfig).dp_labels == "centres"  # the default
-    assert total_releases(cfg.dp, "fstc", ROUNDS, model_release=False) == ROUNDS + REPORT_RELEASES
-    centres = privacy_summary(cfg.dp, "fstc", ROUNDS, ROUNDS, model_release=False)["dp"]
-    model = privacy_summary(cfg.dp, "fstc", ROUNDS, ROUNDS, model_release=True)["dp"]
+    assert dp_plan(cfg).total == ROUNDS + REPORT_RELEASES
+    centres = dp_plan(cfg).summary(ROUNDS)
+    model = dp_plan(with_model).summary(ROUNDS)
     assert "model" not in centres and model["model"]["unit"] == "client"  # type: ignore[index]
     # one release fewer in the plan: less noise per release at the same epsilon
     assert centres["noise_multiplier"] < model["noise_multiplier"]  # type: ignore[index,operator]

@@ -11,30 +11,16 @@ import pytest
 from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.config.run import parse_run_config
 from fedapp.maths.fstc import aggregate_centres, initial_centres
 from fedapp.methods.fstc import CENTRES_KEY, FINAL_KEY, MODEL_KEY
 from fedapp.metrics.contingency import encode_table
 from fedapp.neural.glue import FINGERPRINT_KEY
 from strategies.fstc import FSTCRSTCStrategy, FSTCStrategy
 from tests.flower_mocks import mock_manager, mock_proxy
+from tests.strategy_configs import FSTC_K, fstc_config
 
-K, DIM = 3, 2
+K, DIM = FSTC_K, 2
 FitResult = tuple[ClientProxy, FitRes]
-
-
-def _cfg(tmp_path: Path, **overrides: Any):
-    run_config = {
-        "method": "fstc",
-        "dataset": "texts-demo",
-        "out-dir": str(tmp_path),
-        "num-clients": 3,
-        "num-rounds": 3,
-        "k": K,
-        "fstc.adapter-hidden": 4,
-    }
-    run_config.update(overrides)
-    return parse_run_config(run_config)
 
 
 def _reply(cid: str, pid: int, arrays: list[np.ndarray], n: int, **metrics: Any) -> FitResult:
@@ -55,7 +41,7 @@ INIT_REPLIES = [
 def _initialised(
     tmp_path: Path, strategy_class: type[FSTCStrategy] = FSTCStrategy, **overrides: Any
 ) -> FSTCStrategy:
-    strategy = strategy_class(_cfg(tmp_path, **overrides))
+    strategy = strategy_class(fstc_config(tmp_path, **overrides))
     parameters, stats = strategy.aggregate_fit(1, [_reply(*r) for r in INIT_REPLIES], [])
     assert stats["accepted"] == 3 and parameters is not None
     return strategy
@@ -89,7 +75,7 @@ def test_initial_centres_weight_local_centres_by_their_sizes() -> None:
 
 # ---------------------------------------------------------------------------------------- protocol
 def test_round_one_asks_for_local_centres_and_builds_centres_and_model(tmp_path: Path) -> None:
-    strategy = FSTCStrategy(_cfg(tmp_path))
+    strategy = FSTCStrategy(fstc_config(tmp_path))
     manager = mock_manager(["c", "a", "b"])
     instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
     assert [ins.config["phase"] for _, ins in instructions] == ["init"] * 3
@@ -239,7 +225,7 @@ def test_malformed_final_replies_are_rejected_and_the_others_averaged(
 
 
 def test_init_with_representations_runs_plain_kmeans(tmp_path: Path) -> None:
-    strategy = FSTCStrategy(_cfg(tmp_path, **{"fstc.init": "representations"}))
+    strategy = FSTCStrategy(fstc_config(tmp_path, **{"fstc.init": "representations"}))
     reps = np.array([[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [0.0, 10.0], [1.0, 10.0]])
     replies = [_reply("a", 0, [reps[:3]], 3), _reply("b", 1, [reps[3:]], 3)]
     strategy.aggregate_fit(1, replies, [])

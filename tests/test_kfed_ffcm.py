@@ -21,7 +21,7 @@ from fedapp.methods.ffcm import FFCMConfig
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, PrivacyFloorError, merge_small_clusters
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
 from simulation.runner import execute
-from strategies.ffcm import centres_from_sums
+from strategies.ffcm import centres_from_totals
 
 NMI_TOLERANCE = 0.05  # acceptance: federated NMI within this of centralized k-means on the same data
 
@@ -144,7 +144,7 @@ def test_federated_sums_equal_the_pooled_fcm_step() -> None:
     pooled_sums, pooled_mass = membership_sums(X, centres, m)
     np.testing.assert_allclose(sum(s for s, _ in replies), pooled_sums, rtol=1e-12)
     np.testing.assert_allclose(sum(w for _, w in replies), pooled_mass, rtol=1e-12)
-    federated = centres_from_sums([s for s, _ in replies], [w for _, w in replies])
+    federated = centres_from_totals(sum(s for s, _ in replies), sum(w for _, w in replies))
     np.testing.assert_allclose(federated, pooled_sums / pooled_mass[:, None], rtol=1e-12)
 
 

@@ -16,7 +16,7 @@ from fedapp.privacy.floor import (
     PrivacyFloorError,
     min_cluster_size,
 )
-from strategies.ffcm import centres_from_sums
+from strategies.ffcm import centres_from_totals
 
 
 def _with_outliers(n: int = 60, dim: int = 4, outliers: int = 2, seed: int = 0) -> np.ndarray:
@@ -67,7 +67,7 @@ def test_ffcm_withholds_a_cluster_of_little_membership_and_the_server_keeps_its_
     assert mass[1] == 0 and not sums[1].any() and mass[0] > 0
     unfloored_sums, unfloored_mass = membership_sums(rows, centres, 2.0)
     assert unfloored_mass[1] > 0  # the same data without a floor would have sent it
-    updated = centres_from_sums([sums], [mass], previous=centres)
+    updated = centres_from_totals(sums, mass, previous=centres)
     np.testing.assert_array_equal(updated[1], centres[1])
     with pytest.raises(ValueError, match="zero membership mass"):
-        centres_from_sums([sums], [mass])
+        centres_from_totals(sums, mass)

@@ -22,6 +22,7 @@ from fedapp.privacy.dp import (
     REPORT_RELEASES,
     STATE_KEY,
     PrivacyBudgetError,
+    count_releases,
     distance_sensitivity,
     sum_count_sensitivity,
 )
@@ -133,7 +134,7 @@ def test_client_refuses_a_report_release_beyond_the_plan() -> None:
     context = Context(run_id=0, node_id=1, node_config=node, state=RecordDict(), run_config={})
     client = KFedClient(context, cfg)
     centres = client.data.features[: client.k]
-    clients.base.count_releases(context.state, LLOYD, LLOYD)  # training spent its releases
+    count_releases(context.state, LLOYD, LLOYD)  # training spent its releases
     for _ in range(REPORT_RELEASES):
         client.evaluate([centres], {"report": STAGE_ASSIGN})
     assert context.state[STATE_KEY]["releases"] == LLOYD + REPORT_RELEASES

@@ -22,7 +22,6 @@ from flwr.common import Array, ArrayRecord, Code, FitRes, RecordDict, Status, nd
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
 from fedapp.app.server_loop import WIRE_BYTES_FILE, CountingGrid
-from fedapp.config.run import parse_run_config
 from fedapp.launch.resolve import build_overrides
 from fedapp.maths.clustering import centres_from_moments
 from fedapp.maths.fstc import aggregate_centres
@@ -44,6 +43,7 @@ from fedapp.wire import ArraySpec, ReplyError
 from simulation.runner import execute
 from strategies.fstc import FSTCStrategy, centres_from_totals
 from tests.flower_mocks import mock_proxy
+from tests.strategy_configs import fstc_config
 
 CLIP, MAX_WEIGHT = 8.0, 1000.0
 
@@ -163,18 +163,7 @@ def secure_results(
 
 
 def fstc_strategy(tmp_path: Path) -> FSTCStrategy:
-    run_config = {
-        "method": "fstc",
-        "dataset": "texts-demo",
-        "out-dir": str(tmp_path),
-        "num-clients": 3,
-        "num-rounds": 3,
-        "k": 3,
-        "secagg": True,
-        "secagg-max-weight": MAX_WEIGHT,
-        "fstc.adapter-hidden": 4,
-    }
-    return FSTCStrategy(parse_run_config(run_config))
+    return FSTCStrategy(fstc_config(tmp_path, secagg=True, **{"secagg-max-weight": MAX_WEIGHT}))
 
 
 def test_fstc_strategy_applies_eq16_to_secure_sums(tmp_path: Path) -> None:

@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 from fedapp.config.keys import ConfigError, ConfigSection, config_key, unknown_key_message
 from fedapp.datasets.preprocessing import SCALINGS
 from fedapp.methods import METHODS, config_tables, method_spec
+from fedapp.methods.ccfc import CCFCConfig
 from fedapp.methods.ffcm import FFCMConfig
-from fedapp.privacy.dp import DP_METHODS, DPConfig
+from fedapp.privacy.dp import DPConfig
 
 __all__ = [
     "ConfigError",
@@ -40,7 +41,7 @@ PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "by-group", 
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 Section = TypeVar("Section", bound=ConfigSection)
-DP_TABLE = "dp"  # [tool.flwr.app.config.dp]: differential privacy, any method in fedapp.privacy.dp.DP_METHODS
+DP_TABLE = "dp"  # [tool.flwr.app.config.dp]: differential privacy, any method with a `MethodSpec.dp`
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,10 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(
             f"secagg=true: method '{cfg.method}' does not aggregate sums; SecAgg+ works with {supported}"
         )
+    if cfg.secagg and cfg.method == "ccfc" and not cfg.params(CCFCConfig).federated:
+        raise ConfigError(
+            "secagg=true: standalone CCFC (ccfc.federation=standalone) sends nothing to average"
+        )
     _validate_dp(cfg)
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"
@@ -260,10 +265,11 @@ def _validate_dp(cfg: RunConfig) -> None:
     """Differential privacy only where every message the method sends is noised (`fedapp.privacy.dp`)."""
     if not cfg.dp.enabled:
         return
-    if cfg.method not in DP_METHODS:
+    if method_spec(cfg.method).dp is None:
+        supported = sorted(name for name, spec in METHODS.items() if spec.dp is not None)
         raise ConfigError(
             f"dp.epsilon={cfg.dp.epsilon:g}: method '{cfg.method}' does not support differential privacy; "
-            f"use one of {sorted(DP_METHODS)}"
+            f"use one of {supported}"
         )
     if cfg.secagg:
         raise ConfigError(

@@ -359,6 +359,24 @@ def _checked_texts(texts: Sequence[str]) -> list[str]:
     return texts
 
 
+def _cache_key_fields(
+    texts: list[str], source: tuple[str, str], max_seq_length: int | None, normalize: bool
+) -> dict[str, object]:
+    """What an embedding cache entry must match: the texts, the model (and its files' fingerprint) and
+    the settings that change the vectors."""
+    if max_seq_length is not None and (not isinstance(max_seq_length, int) or max_seq_length < 1):
+        raise EmbeddingError(f"max_seq_length must be a positive integer or None, got {max_seq_length!r}")
+    return {
+        "format": CACHE_FORMAT,
+        "model": source[1],
+        "model_fingerprint": _directory_fingerprint(Path(source[1])) if source[0] == "dir" else None,
+        "max_seq_length": max_seq_length,
+        "normalize": bool(normalize),
+        "n_texts": len(texts),
+        "texts_sha256": texts_sha256(texts),
+    }
+
+
 def embed_texts(
     texts: Sequence[str],
     model: str = DEFAULT_MODEL,
@@ -381,18 +399,8 @@ def embed_texts(
     _check_device(device)  # on a cache hit the device is never used, but a typo should still fail
     if not isinstance(batch_size, int) or batch_size < 1:
         raise EmbeddingError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if max_seq_length is not None and (not isinstance(max_seq_length, int) or max_seq_length < 1):
-        raise EmbeddingError(f"max_seq_length must be a positive integer or None, got {max_seq_length!r}")
     source = _model_source(model)
-    expected = {
-        "format": CACHE_FORMAT,
-        "model": source[1],
-        "model_fingerprint": _directory_fingerprint(Path(source[1])) if source[0] == "dir" else None,
-        "max_seq_length": max_seq_length,
-        "normalize": bool(normalize),
-        "n_texts": len(texts),
-        "texts_sha256": texts_sha256(texts),
-    }
+    expected = _cache_key_fields(texts, source, max_seq_length, normalize)
     key = hashlib.sha256(json.dumps(expected, sort_keys=True).encode()).hexdigest()[:24]
     folder = Path(cache_dir).expanduser().resolve() if cache_dir is not None else default_cache_dir()
     folder = folder / "embeddings" / _slug(dataset or "unnamed")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from sklearn.cluster import KMeans
 
@@ -43,6 +45,16 @@ def kmeans(
     return model.cluster_centers_.astype(np.float64), model.labels_.astype(np.int64)
 
 
+def weighted_centre_sums(
+    centres: Sequence[np.ndarray], counts: Sequence[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ_clients n_k C_k, Σ_clients n_k): per-cluster centres weighted by their sizes, summed over clients
+    (the numerator and denominator of a weighted centre average such as FSTC's Eq. 16)."""
+    stacked = np.stack([np.asarray(c, dtype=np.float64) for c in centres])  # m x K x D
+    sizes = np.stack([np.asarray(n, dtype=np.float64) for n in counts])  # m x K
+    return np.einsum("mk,mkd->kd", sizes, stacked), sizes.sum(0)
+
+
 def gaussian_centres(mean: np.ndarray, std: np.ndarray, count: int, seed: int | list[int]) -> np.ndarray:
     """`count` seeded draws from N(mean, std^2) per feature: centres when only moments of the data are
     known (secure or private sums) or when there are fewer points than clusters."""
@@ -57,11 +69,3 @@ def centres_from_moments(mean: np.ndarray, mean_square: np.ndarray, k: int, seed
     clustering centres (the default inits) cannot be merged by a sum.
     """
     return gaussian_centres(mean, np.sqrt(np.maximum(mean_square - mean**2, 0.0)), k, [seed, 0xFC3])
-
-
-def centres_from_noisy_moments(
-    sums: list[np.ndarray], squares: list[np.ndarray], counts: list[np.ndarray], k: int, seed: int
-) -> np.ndarray:
-    """Initial centres under DP: the moments init on sum x / count and sum x*x / count of noisy sums."""
-    count = max(float(np.sum(counts)), 1.0)
-    return centres_from_moments(np.sum(sums, axis=0) / count, np.sum(squares, axis=0) / count, k, seed)

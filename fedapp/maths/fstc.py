@@ -14,13 +14,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import numpy as np
 import scipy.linalg
 import torch
 
-from fedapp.maths.clustering import gaussian_centres, kmeans, nearest_centre
+from fedapp.maths.clustering import gaussian_centres, kmeans, nearest_centre, weighted_centre_sums
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, floored_kmeans
+
+# a count total below half a record is empty: exact counts are integers, SecAgg+'s totals are off by rounding
+EMPTY_TOTAL = 0.5
 
 
 # ------------------------------------------------------------------------------------- schedule
@@ -44,6 +48,16 @@ def label_update_steps(total_steps: int, updates: int, warmup: int) -> list[int]
 
 # ------------------------------------------------------------------------------------ Sinkhorn
 SHARE_STEP = 0.1  # damping of the self-adaptive shares' update (see `sinkhorn_log_plan`)
+
+
+class SinkhornOptions(TypedDict, total=False):
+    """The optional settings of `sinkhorn_log_plan` (see there), which `pseudo_labels` passes on."""
+
+    max_iters: int
+    tol: float
+    init_log_v: torch.Tensor | None
+    marginal_strength: float | None
+    marginal_barrier: float | None
 
 
 @dataclass(frozen=True)
@@ -154,29 +168,15 @@ def self_adaptive_shares(potentials: torch.Tensor, barrier: float, *, iters: int
 
 
 def pseudo_labels(
-    scores: torch.Tensor,
-    epsilon: float,
-    *,
-    max_iters: int = 1000,
-    tol: float = 1e-6,
-    init_log_v: torch.Tensor | None = None,
-    marginal_strength: float | None = None,
-    marginal_barrier: float | None = None,
+    scores: torch.Tensor, epsilon: float, **options: Unpack[SinkhornOptions]
 ) -> tuple[torch.Tensor, SinkhornResult]:
     """Alg. 1: P = softmax(O), ξ from the OT of Eq. 2, then Q_ik = ξ_ik² / Σ_k' ξ_ik'² (Eq. 7).
 
-    Squaring in the log domain is a row softmax of 2 log ξ, finite for any finite scores.
+    `options` go to `sinkhorn_log_plan` unchanged (its defaults apply). Squaring in the log domain is a
+    row softmax of 2 log ξ, finite for any finite scores.
     """
     log_probs = torch.log_softmax(scores.double(), dim=1)
-    result = sinkhorn_log_plan(
-        log_probs,
-        epsilon,
-        max_iters=max_iters,
-        tol=tol,
-        init_log_v=init_log_v,
-        marginal_strength=marginal_strength,
-        marginal_barrier=marginal_barrier,
-    )
+    result = sinkhorn_log_plan(log_probs, epsilon, **options)
     return torch.softmax(2.0 * result.log_plan, dim=1).to(scores.dtype), result
 
 
@@ -403,12 +403,18 @@ def padded_centres(points: np.ndarray, weights: np.ndarray | None, k: int, seed:
     return np.vstack([points, extra])
 
 
+def centres_from_totals(
+    weighted: np.ndarray, total: np.ndarray, previous: np.ndarray, min_total: float = EMPTY_TOTAL
+) -> np.ndarray:
+    """Eq. 16 from the federation's totals: C̃_k = Σ_μ n_k^(μ) C_k^(μ) / Σ_η n_k^(η) = `weighted` / `total`;
+    a cluster with fewer than `min_total` records in total (none, for exact counts) keeps its previous C̃_k."""
+    held = total >= min_total
+    return np.where(held[:, None], weighted / np.maximum(total, 1.0)[:, None], previous)
+
+
 def aggregate_centres(
     centres: Sequence[np.ndarray], counts: Sequence[np.ndarray], previous: np.ndarray
 ) -> np.ndarray:
-    """Eq. 16: C̃_k = Σ_μ n_k^(μ) C_k^(μ) / Σ_η n_k^(η); a cluster no client holds keeps its previous C̃_k."""
-    stacked = np.stack([np.asarray(c, dtype=np.float64) for c in centres])  # m x K x D
-    sizes = np.stack([np.asarray(n, dtype=np.float64) for n in counts])  # m x K
-    total = sizes.sum(0)
-    weighted = np.einsum("mk,mkd->kd", sizes, stacked)
-    return np.where(total[:, None] > 0, weighted / np.maximum(total, 1.0)[:, None], previous)
+    """Eq. 16 over the clients' local centres C^(μ) and sizes n^(μ); a cluster no client holds keeps its
+    previous C̃_k."""
+    return centres_from_totals(*weighted_centre_sums(centres, counts), previous)

@@ -15,15 +15,16 @@ from typing import Any
 
 from fedapp.config.keys import ConfigSection
 from fedapp.methods.bench_echo import EchoConfig
-from fedapp.methods.ccfc import CCFCConfig
+from fedapp.methods.ccfc import CCFC_DP, CCFCConfig
 from fedapp.methods.cefmc import CeFMCConfig
 from fedapp.methods.fedcmv import FedCMvConfig, FedFCMvConfig
-from fedapp.methods.ffcm import FFCMConfig
+from fedapp.methods.ffcm import FFCM_DP, FFCMConfig
 from fedapp.methods.fsccl import FSCCLConfig
-from fedapp.methods.fstc import FSTCConfig
-from fedapp.methods.gfedntm import GFedNTMConfig
-from fedapp.methods.kfed import KFedConfig
+from fedapp.methods.fstc import FSTC_DP, FSTCConfig
+from fedapp.methods.gfedntm import GFEDNTM_DP, GFedNTMConfig
+from fedapp.methods.kfed import KFED_DP, KFedConfig
 from fedapp.methods.textkfed import TextKFedConfig
+from fedapp.privacy.dp import DPSupport
 
 # Measured on real data shapes (docs/methods/fstc.md and cefmc.md, "Real data shapes" / "More clusters
 # than a view has dimensions"): printed by `fedapp methods NAME` so users pick the right method.
@@ -61,6 +62,7 @@ class MethodSpec:
     # the payload audit test holds every method to this
     per_sample: str = ""
     secagg: bool = False  # its fit replies are averaged/summed, so Flower's SecAgg+ can hide them
+    dp: DPSupport | None = None  # how it runs under differential privacy; None: it cannot
     # rounds of a run that does not set num-rounds (`python -m simulation run` without --rounds);
     # 0: the common default. FSTC: 1 initialisation round + the paper's 40 training rounds.
     default_rounds: int = 0
@@ -78,6 +80,21 @@ class MethodSpec:
         return self.table or self.name
 
 
+def _fstc_ablation(name: str, description: str, strategy: str, client: str) -> MethodSpec:
+    """An FSTC ablation: FSTC's texts, keys (its `fstc` table) and rounds, without SecAgg+ or DP."""
+    return MethodSpec(
+        name,
+        description,
+        strategy,
+        client,
+        modalities=("texts",),
+        config=FSTCConfig,
+        table="fstc",
+        default_rounds=41,
+        torch_model=True,
+    )
+
+
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
@@ -88,6 +105,7 @@ METHODS: dict[str, MethodSpec] = {
             "strategies.kfed:KFedStrategy",
             "clients.kfed:KFedClient",
             config=KFedConfig,
+            dp=KFED_DP,
         ),
         MethodSpec(
             "ffcm",
@@ -96,6 +114,7 @@ METHODS: dict[str, MethodSpec] = {
             "clients.ffcm:FFCMClient",
             config=FFCMConfig,
             secagg=True,
+            dp=FFCM_DP,
         ),
         MethodSpec(
             "ccfc",
@@ -106,6 +125,7 @@ METHODS: dict[str, MethodSpec] = {
             config=CCFCConfig,
             torch_model=True,
             secagg=True,
+            dp=CCFC_DP,
         ),
         MethodSpec(
             "cefmc",
@@ -160,6 +180,7 @@ METHODS: dict[str, MethodSpec] = {
             torch_model=True,
             secagg=True,
             own_k=True,
+            dp=GFEDNTM_DP,
         ),
         MethodSpec(
             "bench-echo",
@@ -179,28 +200,19 @@ METHODS: dict[str, MethodSpec] = {
             torch_model=True,
             secagg=True,
             when=FSTC_WHEN,
+            dp=FSTC_DP,
         ),
-        MethodSpec(
+        _fstc_ablation(
             "fstc-rstc",
             "FSTC-RSTC ablation: pseudo-labels + robust weights, no centre aggregation, final averaging",
             "strategies.fstc:FSTCRSTCStrategy",
             "clients.fstc:FSTCRSTCClient",
-            modalities=("texts",),
-            config=FSTCConfig,
-            table="fstc",
-            default_rounds=41,
-            torch_model=True,
         ),
-        MethodSpec(
+        _fstc_ablation(
             "fstc-stc",
             "FSTC-STC ablation: pseudo-labels only, no centre aggregation, final averaging",
             "strategies.fstc:FSTCSTCStrategy",
             "clients.fstc:FSTCSTCClient",
-            modalities=("texts",),
-            config=FSTCConfig,
-            table="fstc",
-            default_rounds=41,
-            torch_model=True,
         ),
         MethodSpec(
             "fsccl",
@@ -238,6 +250,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("texts",),
             config=TextKFedConfig,
             table="textkfed",
+            dp=KFED_DP,
         ),
         MethodSpec(
             "fsbert",

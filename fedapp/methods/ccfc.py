@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config.keys import ConfigSection, config_key
+from fedapp.privacy.dp import CLIENT, DPSupport
 from fedapp.privacy.secagg import CLEAR, model_modes
 
 BACKBONES = ("auto", "conv", "conv-small", "resnet18")
@@ -130,3 +131,9 @@ def phase_of(server_round: int, pretrain_rounds: int) -> str:
 def secure_modes(model_dtypes: list[str], with_centroids: bool) -> list[str]:
     """`fedapp.privacy.secagg` modes of a training reply: the model averaged, local centroids in the clear."""
     return model_modes(model_dtypes) + ([CLEAR] if with_centroids else [])
+
+
+# under DP one client-level release (update + centroids) per round after the setup round
+CCFC_DP = DPSupport(
+    CLIENT, lambda num_rounds, dp, params: max(num_rounds - 1, 1), ("the setup round's image shape",)
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config.keys import ConfigSection, config_key
+from fedapp.privacy.dp import RECORD, DPSupport
 
 
 @dataclass(frozen=True)
@@ -23,3 +24,7 @@ class FFCMConfig(ConfigSection):
         doc="initial centres: k-means over local FCM centres, or seeded draws from the federated feature "
         "mean and variance (the only option with secagg)",
     )
+
+
+# under DP one release per fit round: round 1 the noisy moments, then the noisy membership sums
+FFCM_DP = DPSupport(RECORD, lambda num_rounds, dp, params: num_rounds)

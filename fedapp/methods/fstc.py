@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedapp.config.keys import ConfigError, ConfigSection, config_key
-from fedapp.privacy.secagg import MEAN, SUM, model_modes
+from fedapp.privacy.dp import RECORD, DPConfig, DPSupport
+from fedapp.privacy.secagg import CENTRES, SUM, model_modes
 
 ENCODER_MODES = ("frozen", "fine-tune")
 INIT_MODES = ("centres", "representations", "moments")
@@ -48,12 +49,12 @@ CENTRES_KEY = "with-centres"  # fit config: the parameters start with the global
 MODEL_KEY = "with-model"  # fit config: the initial model follows in the parameters (first round of a client)
 INIT_KEY = "init"  # fit config of round 1: the initialisation the server asks for (moments under SecAgg+)
 SECAGG_KEY = "secagg"  # fit config: True when the reply goes through SecAgg+ (`fedapp.privacy.secagg`)
-MOMENT_MODES = (MEAN, MEAN)  # round 1 under SecAgg+: mean and mean square, each an n-weighted average
 
 
-def secure_train_modes(align: bool, model_dtypes: Sequence[str]) -> list[str]:
-    """SecAgg+ modes of a training reply: per-cluster sums (with alignment) and counts, then the model."""
-    return [SUM] * (2 if align else 1) + model_modes(model_dtypes)
+def train_modes(align: bool, model_dtypes: Sequence[str]) -> list[str]:
+    """`fedapp.privacy.secagg` kinds of a training reply: the local centres weighted by the counts that
+    follow them (with alignment), the counts, then the model (last round)."""
+    return ([CENTRES, SUM] if align else [SUM]) + model_modes(model_dtypes)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class FSTCConfig(ConfigSection):
     @property
     def dp_model_release(self) -> bool:
         """Under DP, whether the last round releases the trained model (`dp-labels = model`); the
-        accountant's plan (`fedapp.privacy.dp.planned_releases`) has one release more then."""
+        accountant's plan (`FSTC_DP`) has one release more then."""
         return self.dp_labels == DP_LABELS_MODEL
 
     def __post_init__(self) -> None:
@@ -165,3 +166,18 @@ class FSTCConfig(ConfigSection):
                 f"run-config 'fstc.contrastive'={self.contrastive} needs 'fstc.augment'='pairs' "
                 "(the contrastive term compares the two augmented views of each text)"
             )
+
+
+def dp_training_releases(num_rounds: int, dp: DPConfig, params: ConfigSection | None) -> int:
+    """Under DP: the noisy moments, one (sums, counts) per training round, and the final model with
+    `dp-labels = model` (which the plan must know: it is never guessed)."""
+    if not isinstance(params, FSTCConfig):
+        raise TypeError(f"FSTC's DP plan depends on fstc.dp-labels: pass its FSTCConfig, not {params!r}")
+    return num_rounds + 1 if params.dp_model_release else num_rounds
+
+
+FSTC_DP = DPSupport(
+    RECORD,
+    dp_training_releases,
+    model_release=lambda params: isinstance(params, FSTCConfig) and params.dp_model_release,
+)

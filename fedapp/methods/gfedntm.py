@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config.keys import ConfigError, ConfigSection, config_key
+from fedapp.privacy.dp import CLIENT, DPSupport
 
 PHASE_TERMS = "terms"  # under SecAgg+ only: the term lists, before their frequencies go through SecAgg+
 PHASE_VOCABULARY = "vocabulary"
@@ -103,3 +104,14 @@ def hidden_sizes(text: str) -> tuple[int, ...]:
             f"run-config 'gfedntm.hidden' must list positive integers like '100,100', got {text!r}"
         )
     return sizes
+
+
+# under DP one client-level release (the update) per round after the vocabulary round, which is not covered
+GFEDNTM_DP = DPSupport(
+    CLIENT,
+    lambda num_rounds, dp, params: max(num_rounds - 1, 1),
+    (
+        "round 1 vocabulary: each client's term list and exact document frequencies",
+        "the number of documents per client (batch sizes, the update's weight)",
+    ),
+)

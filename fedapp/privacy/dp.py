@@ -1,5 +1,5 @@
 """Differential privacy: clipping, the Gaussian mechanism and an RDP accountant, for every method that
-supports it (`DP_METHODS`).
+supports it (its `MethodSpec.dp`, a `DPSupport`; a run's schedule is `fedapp.privacy.plan.DPPlan`).
 
 **What is protected.** One record of one client, under add/remove-one-record adjacency. Each client
 clips every record's feature vector to L2 norm <= `clip`, computes its per-cluster statistics from the
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,27 +45,11 @@ from flwr.app import MetricRecord, RecordDict
 
 from fedapp.config.keys import ConfigSection, config_key
 
-# methods whose clients noise what they send each round (clients/ffcm.py, kfed.py, textkfed.py's
-# FSBERT-kFED, fstc.py, ccfc.py, gfedntm.py); FBOW/FTF-IDF are not here: their vocabulary round sends
-# exact document frequencies (gFedNTM's is named as not covered in its summary instead)
-DP_METHODS = frozenset({"ffcm", "kfed", "fsbert-kfed", "fstc", "ccfc", "gfedntm"})
-# the unit one epsilon protects: one record (sums of clipped records) or one client (clipped updates)
-UNITS = {"ffcm": "record", "kfed": "record", "fsbert-kfed": "record", "fstc": "record"} | {
-    "ccfc": "client",
-    "gfedntm": "client",
-}
-# what a DP run of the method still sends unnoised (summary.json `privacy.dp.not_covered`); the evaluation
-# messages are not covered for any method (`EVALUATION_NOT_COVERED`, docs/privacy.md)
+RECORD, CLIENT = "record", "client"  # the unit one epsilon protects: one record, or one client's whole data
+# the evaluation messages are not covered for any method (docs/privacy.md)
 EVALUATION_NOT_COVERED = (
     "evaluation rounds: contingency tables (with labels) or cluster sizes (without), sent exactly",
 )
-NOT_COVERED = {
-    "gfedntm": (
-        "round 1 vocabulary: each client's term list and exact document frequencies",
-        "the number of documents per client (batch sizes, the update's weight)",
-    ),
-    "ccfc": ("the setup round's image shape",),
-}
 RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm buffers computed from the data
 RELEASES_KEY = "dp-releases"  # fit metrics: how many noisy releases this client has made in this run
 STATE_KEY = "fedapp.dp"  # context.state: the client's own count of its releases
@@ -121,44 +106,24 @@ class DPConfig(ConfigSection):
         return self.epsilon > 0
 
 
-def planned_releases(
-    method: str, num_rounds: int, lloyd_iters: int, *, model_release: bool | None = None
-) -> int:
-    """How many noisy releases one client makes in a full run (the schedule the noise is calibrated for).
+@dataclass(frozen=True)
+class DPSupport:
+    """How a method runs under differential privacy, declared on its `MethodSpec.dp`.
 
-    FFCM: one per fit round (round 1 the noisy moments, then the noisy membership sums). k-FED and
-    FSBERT-kFED: the local DP-Lloyd iterations, sent once (the last one's centres). FSTC: the noisy
-    moments and one (sums, counts) per training round, plus the final model when `model_release`
-    (`fstc.dp-labels = model`; FSTC must say which, so no caller plans for the wrong one). CCFC: one
-    (update + centroids) per round after the setup round. gFedNTM: one update per round after the
-    vocabulary round."""
-    if method == "ffcm":
-        return num_rounds
-    if method in ("kfed", "fsbert-kfed"):
-        return lloyd_iters
-    if method == "fstc":
-        if model_release is None:
-            raise ValueError("FSTC's plan depends on fstc.dp-labels: pass model_release")
-        return num_rounds + 1 if model_release else num_rounds
-    if method in ("ccfc", "gfedntm"):
-        return max(num_rounds - 1, 1)
-    raise ValueError(
-        f"method '{method}' does not support differential privacy; use one of {sorted(DP_METHODS)}"
-    )
+    `training_releases(num_rounds, dp, params)`: the noisy releases one client makes in a full run's
+    training (the schedule the noise is calibrated for; `params` is the method's own config section).
+    `model_release(params)`: the last round also releases the trained model with client-level noise 2z
+    (FSTC with `fstc.dp-labels = model`), which summary.json accounts on its own. `not_covered`: what the
+    method still sends unnoised under DP."""
 
+    unit: str
+    training_releases: Callable[[int, DPConfig, ConfigSection | None], int]
+    not_covered: tuple[str, ...] = ()
+    model_release: Callable[[ConfigSection | None], bool] = lambda params: False
 
-def report_releases(dp: DPConfig, method: str) -> int:
-    """The final report's noisy releases (`REPORT_RELEASES`, or 0 when it sends nothing private).
-
-    Only record-level methods release it: a client-level bound on cluster sizes and sums would need
-    noise on the scale of a client's whole data, so CCFC and gFedNTM always withhold the report."""
-    return REPORT_RELEASES if dp.report == REPORT_NOISE and UNITS.get(method) == "record" else 0
-
-
-def total_releases(dp: DPConfig, method: str, num_rounds: int, *, model_release: bool | None = None) -> int:
-    """Every noisy release one client makes in a full run: training (`planned_releases`) + the report."""
-    training = planned_releases(method, num_rounds, dp.lloyd_iters, model_release=model_release)
-    return training + report_releases(dp, method)
+    def __post_init__(self) -> None:
+        if self.unit not in (RECORD, CLIENT):
+            raise ValueError(f"DP unit {self.unit!r}, expected {RECORD!r} or {CLIENT!r}")
 
 
 # ------------------------------------------------------------------------------------ mechanism
@@ -302,66 +267,6 @@ def calibrate(epsilon: float, delta: float, releases: int, tolerance: float = 1e
         if epsilon - epsilon_spent(high, releases, delta) <= tolerance or high - low < 1e-12:
             break
     return high  # the side that never overspends
-
-
-def noise_multiplier(
-    dp: DPConfig, method: str, num_rounds: int, *, model_release: bool | None = None
-) -> float:
-    """The run's noise multiplier: calibrated to the method's planned schedule, the report included."""
-    planned = total_releases(dp, method, num_rounds, model_release=model_release)
-    return calibrate(dp.epsilon, dp.delta, planned)
-
-
-def privacy_summary(
-    dp: DPConfig, method: str, num_rounds: int, releases: int, *, model_release: bool | None = None
-) -> dict[str, object]:
-    """summary.json's `privacy` block; `releases`: the most any client made (what actually ran);
-    `model_release`: FSTC's final model is released (`planned_releases`), which adds a `model` block."""
-    if not dp.enabled:
-        return {"dp": None}
-    z = noise_multiplier(dp, method, num_rounds, model_release=model_release)
-    block: dict[str, object] = {
-        "unit": UNITS[method],
-        "epsilon_target": dp.epsilon,
-        "delta": dp.delta,
-        "clip": dp.model_clip if UNITS[method] == "client" else dp.clip,
-        "noise_multiplier": z,
-        "releases": releases,
-        "planned_releases": total_releases(dp, method, num_rounds, model_release=model_release),
-        "epsilon_spent": epsilon_spent(z, releases, dp.delta),
-        "accountant": "rdp",
-        "noise": "os-entropy" if dp.noise_seed < 0 else f"seeded (dp.noise-seed={dp.noise_seed}: removable)",
-        "not_covered": [*NOT_COVERED.get(method, ()), *EVALUATION_NOT_COVERED],
-        "report": report_summary(dp, method),
-    }
-    if method == "fstc" and model_release:  # the final model: also client-level on its own (docstring)
-        block["model"] = {
-            "unit": "client",
-            "clip": dp.model_clip,
-            "noise_multiplier": 2 * z,
-            "epsilon_spent": epsilon_spent(2 * z, 1, dp.delta),
-            "releases": 1,
-        }
-    return {"dp": block}
-
-
-def report_summary(dp: DPConfig, method: str) -> dict[str, object]:
-    """`privacy.dp.report`: what the final report released under DP, and how many releases it planned."""
-    releases = report_releases(dp, method)
-    if releases:
-        released = (
-            "noisy cluster sizes and per-cluster sums of the clipped records, then noisy per-cluster "
-            "distance sums and the silhouette sum around the pooled means (projected into the clip ball); "
-            "label-free metrics computed from them are noisy; keywords withheld"
-        )
-    else:
-        why = "dp.report = withhold" if dp.report == REPORT_WITHHOLD else f"unit '{UNITS[method]}'"
-        released = f"nothing ({why}): no sizes, sums or keywords; assignments.csv stays on each node"
-    return {
-        "mode": dp.report if releases else REPORT_WITHHOLD,
-        "planned_releases": releases,
-        "released": released,
-    }
 
 
 def count_releases(state: RecordDict, planned: int, new: int = 1) -> int:

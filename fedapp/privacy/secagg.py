@@ -10,6 +10,9 @@ reply is one of three kinds:
 - CLEAR: what is not a sum travels in the clear in the reply's metrics (`CLEAR_KEY`): integer counters
   (BatchNorm's `num_batches_tracked`, which clipping would destroy) and messages that are not sums by
   nature (CCFC's local centroids). A method's docs say which of its arrays these are.
+- CENTRES: per-cluster means weighted by the counts in the array that follows (FSTC's local centres,
+  Eq. 16): sent as the per-cluster sums (centre x count) over n, so their total over the counts' total is
+  the weighted average.
 
 `secure_upload` is the client's side; `plain_replies` turns the one secure average back into per-reply
 arrays that the method's plain aggregation maps to the same result (sum -> avg * n_i, mean -> avg, clear
@@ -27,8 +30,8 @@ import numpy as np
 
 from fedapp.wire import ArraySpec, ReplyError, decode_arrays, encode_arrays
 
-SUM, MEAN, CLEAR = "sum", "mean", "clear"
-MODES = (SUM, MEAN, CLEAR)
+SUM, MEAN, CLEAR, CENTRES = "sum", "mean", "clear", "centres"
+MODES = (SUM, MEAN, CLEAR, CENTRES)
 CLEAR_KEY = "secagg-clear"  # metrics: the reply's CLEAR arrays (`fedapp.wire.encode_arrays`, positional)
 CLIPPED_KEY = "secagg-clipped"  # metrics: how many uploaded values SecAgg+ will clip (should be 0)
 SECAGG_QUANTISATION_RANGE = 1 << 22  # flwr's SecAggPlusWorkflow default, which server_loop keeps
@@ -66,12 +69,14 @@ def secure_upload(
     if n < 1:
         raise ValueError(f"weight n={n}: SecAgg+ needs a positive sample count")
     masked, clear = [], []
-    for array, mode in zip(arrays, modes, strict=True):
+    for index, (array, mode) in enumerate(zip(arrays, modes, strict=True)):
         if mode == CLEAR:
             clear.append(np.asarray(array))
-        else:
-            values = np.asarray(array, dtype=np.float64)
-            masked.append(values / n if mode == SUM else values)
+            continue
+        values = np.asarray(array, dtype=np.float64)
+        if mode == CENTRES:  # the per-cluster sums: centre times its count (the next array)
+            values = values * np.asarray(arrays[index + 1], dtype=np.float64)[:, None]
+        masked.append(values if mode == MEAN else values / n)
     clipped = int(sum(int((np.abs(a) > clip).sum()) for a in masked))
     return masked, {CLEAR_KEY: encode_arrays(*clear), CLIPPED_KEY: clipped}
 
@@ -109,7 +114,7 @@ def plain_replies(
                 arrays.append(next(clear))
                 continue
             value = np.asarray(next(secure), dtype=np.float64)
-            value = value * n if mode == SUM else value
+            value = value if mode == MEAN else value * n  # SUM, CENTRES: this reply's share of the total
             arrays.append(value.astype(dtype) if dtype else value)
         replies.append(arrays)
     return replies
