@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fedapp.launch.processes import RUN_TOKEN_ENV, child_environment
 from fedapp.launch.resolve import build_overrides
 from simulation.runner import execute
 
@@ -72,23 +73,6 @@ def _tokened(token: str) -> list[int]:
     return [pid for pid in processes_with_token(token) if not _is_gone(pid)]
 
 
-def _run_token(pid: int) -> str | None:
-    """The FEDAPP_RUN_TOKEN of any descendant of `pid` (the runner's Flower processes carry it)."""
-    from fedapp.launch.processes import RUN_TOKEN_ENV
-
-    for child in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (child / "stat").read_text().rsplit(")", 1)[-1].split()
-            if int(stat[1]) != pid:
-                continue
-            for item in (child / "environ").read_bytes().split(b"\0"):
-                if item.startswith(RUN_TOKEN_ENV.encode() + b"="):
-                    return item.split(b"=", 1)[1].decode()
-        except OSError:
-            continue
-    return None
-
-
 def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [
@@ -113,7 +97,7 @@ def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -
     for line in process.stdout:  # wait until the federation is really running
         if line.startswith("round 2/"):
             break
-    token = _run_token(process.pid)
+    token = child_environment(process.pid, RUN_TOKEN_ENV)
     assert token and _tokened(token), "no Flower process carries the run token"
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)

@@ -12,25 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from fedapp.launch.processes import RUN_TOKEN_ENV, processes_with_token
+from fedapp.launch.processes import RUN_TOKEN_ENV, child_environment, processes_with_token
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 LIMIT_S = 15
-
-
-def _child_env(pid: int, name: str) -> str | None:
-    """`name` from the environment of any child of `pid` (the runner's Flower processes carry the token)."""
-    for child in Path("/proc").glob("[0-9]*"):
-        try:
-            if int((child / "stat").read_text().rsplit(")", 1)[-1].split()[1]) != pid:
-                continue
-            for item in (child / "environ").read_bytes().split(b"\0"):
-                if item.startswith(name.encode() + b"="):
-                    return item.split(b"=", 1)[1].decode()
-        except (OSError, ValueError):
-            continue
-    return None
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -76,7 +62,7 @@ def test_sigkill_of_the_entry_point_leaves_no_process_and_no_flwr_home(
     for line in process.stdout:  # until the federation is really running
         if line.startswith("round 2/"):
             break
-    token, home = _child_env(process.pid, RUN_TOKEN_ENV), _child_env(process.pid, "FLWR_HOME")
+    token, home = child_environment(process.pid, RUN_TOKEN_ENV), child_environment(process.pid, "FLWR_HOME")
     assert token and home and Path(home).is_dir() and processes_with_token(token)
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=10)

@@ -124,13 +124,7 @@ def load_run_dataset(cfg: RunConfig, partition_id: int | None = None) -> Dataset
         )
         check_kind(data, cfg)
         return data
-    return load_dataset(
-        cfg.dataset,
-        resolve_data_dir(cfg.data_dir or None),
-        seed=cfg.seed,
-        max_samples=cfg.max_samples,
-        imbalance=cfg.imbalance,
-    )
+    return RegisteredData.of(cfg).load()
 
 
 def check_kind(data: Dataset, cfg: RunConfig) -> None:
@@ -161,74 +155,85 @@ def own_file(cfg: RunConfig, partition_id: int) -> LocalData:
 def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
     """This client's horizontal partition (vector features: a multi-view set's views concatenated),
     scaled by the client on its own rows per `cfg.scaling` ("none" keeps the dataset's arrays as they are)."""
+    scheme = PartitionScheme.of(cfg, num_partitions)
     if cfg.own_data:
         data = load_run_dataset(cfg)
-        parts = _parts_of(data, num_partitions, cfg.partition, cfg.seed, cfg.p, cfg.ratio, cfg.alpha)
-        return LocalData(data, parts[partition_id], cfg.scaling)
-    return _local_partition(
-        cfg.dataset,
-        cfg.data_dir,
-        cfg.seed,
-        cfg.max_samples,
-        cfg.imbalance,
-        cfg.partition,
-        cfg.p,
-        cfg.ratio,
-        cfg.alpha,
-        cfg.scaling,
-        partition_id,
-        num_partitions,
-    )
+        return LocalData(data, _parts_of(data, scheme)[partition_id], cfg.scaling)
+    return _local_partition(RegisteredData.of(cfg), scheme, cfg.scaling, partition_id)
+
+
+@dataclass(frozen=True)
+class RegisteredData:
+    """Which registered dataset a run loads (hashable: the key of the per-process caches below)."""
+
+    dataset: str
+    data_dir: str
+    seed: int
+    max_samples: int
+    imbalance: float
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> RegisteredData:
+        return cls(cfg.dataset, cfg.data_dir, cfg.seed, cfg.max_samples, cfg.imbalance)
+
+    def load(self) -> Dataset:
+        return load_dataset(
+            self.dataset,
+            resolve_data_dir(self.data_dir or None),
+            seed=self.seed,
+            max_samples=self.max_samples,
+            imbalance=self.imbalance,
+        )
+
+
+@dataclass(frozen=True)
+class PartitionScheme:
+    """How a run splits a dataset's rows over its clients (hashable, like `RegisteredData`)."""
+
+    scheme: str
+    num_partitions: int
+    seed: int
+    p: float
+    ratio: str
+    alpha: float
+
+    @classmethod
+    def of(cls, cfg: RunConfig, num_partitions: int) -> PartitionScheme:
+        return cls(cfg.partition, num_partitions, cfg.seed, cfg.p, cfg.ratio, cfg.alpha)
+
+    def split(self, labels: np.ndarray | None) -> tuple[np.ndarray, ...]:
+        """Every client's row indices."""
+        return tuple(
+            partition_indices(
+                labels,
+                self.num_partitions,
+                self.scheme,
+                seed=self.seed,
+                p=self.p,
+                ratio=self.ratio,
+                alpha=self.alpha,
+            )
+        )
 
 
 @lru_cache(maxsize=4096)  # a Ray actor hosts many virtual clients (100+ in the scale runs)
 def _local_partition(
-    dataset: str,
-    data_dir: str,
-    seed: int,
-    max_samples: int,
-    imbalance: float,
-    scheme: str,
-    p: float,
-    ratio: str,
-    alpha: float,
-    scaling: str,
-    partition_id: int,
-    num_partitions: int,
+    source: RegisteredData, scheme: PartitionScheme, scaling: str, partition_id: int
 ) -> LocalData:
     # Cached: Flower rebuilds the client every round, and a Ray actor may host several virtual clients.
-    data = _load(dataset, data_dir, seed, max_samples, imbalance)
-    parts = _partition(
-        dataset, data_dir, seed, max_samples, imbalance, scheme, p, ratio, alpha, num_partitions
-    )
-    return LocalData(data, parts[partition_id], scaling)
+    return LocalData(source.load(), _partition(source, scheme)[partition_id], scaling)
 
 
 @lru_cache(maxsize=8)  # keyed by the loaded file (a cached Dataset): Flower rebuilds clients every round
-def _parts_of(
-    data: Dataset, num_partitions: int, scheme: str, seed: int, p: float, ratio: str, alpha: float
-) -> tuple[np.ndarray, ...]:
+def _parts_of(data: Dataset, scheme: PartitionScheme) -> tuple[np.ndarray, ...]:
     """Every client's indices into one own file, computed once per process and file."""
-    return tuple(partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha))
+    return scheme.split(data.y)
 
 
 @lru_cache(maxsize=8)
-def _partition(
-    dataset: str,
-    data_dir: str,
-    seed: int,
-    max_samples: int,
-    imbalance: float,
-    scheme: str,
-    p: float,
-    ratio: str,
-    alpha: float,
-    num_partitions: int,
-) -> tuple[np.ndarray, ...]:
+def _partition(source: RegisteredData, scheme: PartitionScheme) -> tuple[np.ndarray, ...]:
     """Every client's indices, computed once per process (each client takes its own part)."""
-    data = _load(dataset, data_dir, seed, max_samples, imbalance)
-    parts = partition_indices(data.y, num_partitions, scheme, seed=seed, p=p, ratio=ratio, alpha=alpha)
-    return tuple(parts)
+    return scheme.split(source.load().y)
 
 
 def local_view(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
@@ -236,38 +241,14 @@ def local_view(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalD
 
     Labels come along only for evaluation by the label holder (partition 0); they never leave the client.
     """
-    return _local_view(
-        cfg.dataset,
-        cfg.data_dir,
-        cfg.seed,
-        cfg.max_samples,
-        cfg.imbalance,
-        cfg.scaling,
-        partition_id,
-        num_partitions,
-    )
+    return _local_view(RegisteredData.of(cfg), cfg.scaling, partition_id, num_partitions)
 
 
 @lru_cache(maxsize=64)
-def _local_view(
-    dataset: str,
-    data_dir: str,
-    seed: int,
-    max_samples: int,
-    imbalance: float,
-    scaling: str,
-    partition_id: int,
-    num_partitions: int,
-) -> LocalData:
-    data = _load(dataset, data_dir, seed, max_samples, imbalance)
+def _local_view(source: RegisteredData, scaling: str, partition_id: int, num_partitions: int) -> LocalData:
+    data = source.load()
     vertical_view(views_of(data), partition_id, num_partitions)  # checks the view count
     return LocalData(data, np.arange(data.n_samples), scaling, view=partition_id)
-
-
-def _load(dataset: str, data_dir: str, seed: int, max_samples: int, imbalance: float) -> Dataset:
-    return load_dataset(
-        dataset, resolve_data_dir(data_dir or None), seed=seed, max_samples=max_samples, imbalance=imbalance
-    )
 
 
 def views_of(data: Dataset) -> tuple[np.ndarray, ...]:

@@ -176,6 +176,21 @@ def processes_with_token(token: str) -> list[int]:
     return [pid for pid in found if pid != os.getpid()]
 
 
+def child_environment(pid: int, name: str) -> str | None:
+    """`name` from the environment of any child of `pid` (Linux /proc; None elsewhere or when no child
+    has it): how a supervisor finds the run token and FLWR_HOME of the processes a runner started."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1]) != pid:
+                continue
+            for item in (entry / "environ").read_bytes().split(b"\0"):
+                if item.startswith(name.encode() + b"="):
+                    return item.split(b"=", 1)[1].decode()
+        except (OSError, ValueError):  # gone meanwhile, or another user's process
+            continue
+    return None
+
+
 def _alive(pid: int) -> bool:
     """True unless the process is gone or a zombie waiting for its parent."""
     try:

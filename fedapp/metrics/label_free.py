@@ -113,15 +113,19 @@ def cluster_sums(features: np.ndarray, labels: np.ndarray, k: int) -> ClusterSum
     return ClusterSums(np.bincount(labels, minlength=k).astype(np.int64), sums)
 
 
+def _check_mergeable(shapes: list[tuple[int, ...]], what: str, dims: str) -> None:
+    """Clients' parts merge element-wise: at least one, all of one shape (`dims` names its axes)."""
+    if not shapes:
+        raise LabelFreeError(f"no {what} to merge")
+    for index, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            raise LabelFreeError(f"part {index} has {dims} = {shape}, part 0 has {shapes[0]}")
+
+
 def merge_cluster_sums(parts: Iterable[ClusterSums]) -> ClusterSums:
     """Server side: element-wise sum of the clients' pass-1 sums = the sums of the pooled data."""
     parts = list(parts)
-    if not parts:
-        raise LabelFreeError("no cluster sums to merge")
-    shape = parts[0].sums.shape
-    for index, part in enumerate(parts):
-        if part.sums.shape != shape:
-            raise LabelFreeError(f"part {index} has (K, D) = {part.sums.shape}, part 0 has {shape}")
+    _check_mergeable([part.sums.shape for part in parts], "cluster sums", "(K, D)")
     counts = np.sum([part.counts for part in parts], axis=0)
     return ClusterSums(counts, np.sum([part.sums for part in parts], axis=0))
 
@@ -208,12 +212,7 @@ def distance_sums(
 def merge_distance_sums(parts: Iterable[DistanceSums]) -> DistanceSums:
     """Server side: element-wise sum of the clients' pass-2 sums = the sums over the pooled data."""
     parts = list(parts)
-    if not parts:
-        raise LabelFreeError("no distance sums to merge")
-    shape = parts[0].distance_sums.shape
-    for index, part in enumerate(parts):
-        if part.distance_sums.shape != shape:
-            raise LabelFreeError(f"part {index} has K = {part.distance_sums.shape}, part 0 has {shape}")
+    _check_mergeable([part.distance_sums.shape for part in parts], "distance sums", "K")
     return DistanceSums(
         np.sum([part.distance_sums for part in parts], axis=0),
         np.sum([part.squared_sums for part in parts], axis=0),

@@ -131,9 +131,16 @@ def plot_metrics(path: Path, history: Sequence[Mapping[str, Any]], title: str = 
     ax.grid(alpha=0.3)
     if keys:
         ax.legend(loc="best")
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 100) -> None:
+    """Lay `fig` out, write it to `path` (making its folder) and close it: every plot fedapp draws."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.launch.resolve import build_overrides
+from fedapp.report.records import save_figure
 from simulation.runner import execute
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
@@ -143,10 +144,7 @@ def plot(
     ax.set_title("privacy vs utility")
     ax.grid(alpha=0.3)
     ax.legend(loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from fedapp.config.run import PROJECT_ROOT
-from fedapp.launch.processes import RUN_TOKEN_ENV, processes_with_token
+from fedapp.launch.processes import RUN_TOKEN_ENV, child_environment, processes_with_token
 from fedapp.launch.resolve import build_overrides
 from simulation.runner import execute
 
@@ -41,19 +41,6 @@ DROPOUT_RUNS = {
 }
 
 
-def _token_of_children(pid: int) -> str | None:
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[-1].split()[1]) != pid:
-                continue
-            for item in (entry / "environ").read_bytes().split(b"\0"):
-                if item.startswith(RUN_TOKEN_ENV.encode() + b"="):
-                    return item.split(b"=", 1)[1].decode()
-        except OSError:
-            continue
-    return None
-
-
 def sigterm_bar(out: Path) -> dict[str, object]:
     command = [sys.executable, "-m", "simulation", "run", "--method", "ffcm", "--dataset", "digits"]
     command += ["--clients", "3", "--rounds", "500", "--set", "ffcm.delta=0", "--out", str(out)]
@@ -62,7 +49,7 @@ def sigterm_bar(out: Path) -> dict[str, object]:
     for line in process.stdout:
         if line.startswith("round 2/"):
             break
-    token = _token_of_children(process.pid)
+    token = child_environment(process.pid, RUN_TOKEN_ENV)
     before = len(processes_with_token(token)) if token else 0
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)

@@ -23,6 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fedapp.report.records import save_figure
+
 PAPER_TABLE4 = {  # kappa of clients 1..10 in the paper's Table 4 (p = 0)
     "SCFC standalone": [0.1286, 0.1774, 0.1685, 0.2751, 0.2134, 0.1862, 0.1876, 0.3407, 0.2810, 0.1940],
     "CCFC standalone": [0.4255, 0.2036, 0.0517, 0.1847, 0.0926, 0.1892, 0.1681, 0.3741, 0.2936, 0.2727],
@@ -106,10 +108,7 @@ def sweep_figure(root: Path, key: str, out: Path, *, log_x: bool = False, points
             ax.set_xscale("symlog", linthresh=1e-4)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    save_figure(fig, out, dpi=90)
 
 
 def table4(root: Path) -> str:

@@ -28,6 +28,7 @@ from fedapp.config.run import parse_run_config
 from fedapp.datasets import Dataset, load_dataset, resolve_data_dir
 from fedapp.methods.ccfc import CCFCConfig
 from fedapp.models.ccfc import build_model
+from fedapp.report.records import save_figure
 from strategies.ccfc import MODEL_FILE
 
 KNN_KS = (3, 5, 7, 9, 100)
@@ -98,10 +99,7 @@ def tsne_plot(panels: dict[str, np.ndarray], labels: np.ndarray, out: Path, seed
         ax.set_title(name, fontsize=9)
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    save_figure(fig, out, dpi=90)
 
 
 def markdown_table(scores: dict[str, dict[int, float]]) -> str:

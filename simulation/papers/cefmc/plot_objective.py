@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from fedapp.launch.resolve import build_overrides
+from fedapp.report.records import save_figure
 from simulation.runner import execute
 
 
@@ -68,9 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     right.set_ylabel("ACC / purity (%)")
     fig.legend(loc="center right", bbox_to_anchor=(0.88, 0.45))
     left.set_title(f"CeFMC on {args.dataset}: lambda = beta = {args.lam:g}, seed {args.seed}")
-    fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    save_figure(fig, args.out, dpi=110)
     increases = sum(b >= a for a, b in zip(objectives, objectives[1:], strict=False))
     final_acc = 100 * summary["metrics"]["acc"]
     print(

@@ -19,6 +19,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from fedapp.report.records import save_figure
+
 RHO = {"6:4": 1, "7:3": 2, "8:2": 3, "9:1": 4}
 
 
@@ -73,9 +75,7 @@ def main() -> None:
     axes[0].legend()
     if args.title:
         figure.suptitle(args.title)
-    figure.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(args.out, dpi=80)
+    save_figure(figure, args.out, dpi=80)
     print(f"wrote {args.out}")
 
 

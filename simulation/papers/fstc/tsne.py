@@ -39,6 +39,7 @@ from fedapp.methods.fstc import FSTCConfig
 from fedapp.models.fsccl import SCCLModel
 from fedapp.models.fstc import fstc_model
 from fedapp.neural.glue import load_state_arrays
+from fedapp.report.records import save_figure
 from simulation.runner import flower_log_to_file
 
 
@@ -124,9 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         axis.set_xticks([])
         axis.set_yticks([])
     figure.suptitle(f"t-SNE of representations, {args.dataset} ({args.sample} texts, colour = true class)")
-    figure.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(args.out, dpi=80)
+    save_figure(figure, args.out, dpi=80)
     print(f"wrote {args.out}")
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fedapp.report.records import save_figure
+
 # setting -> (centralized TSS, non-collaborative TSS, centralized DSS, non-collaborative DSS, random TSS)
 REFERENCE = {
     "A": {
@@ -98,9 +100,7 @@ def plot_fig3(out_dir: Path, results_root: Path = Path("results")) -> list[Path]
         left.legend(fontsize=6)
         right.legend(fontsize=6)
         fig.suptitle(f"gFedNTM experiment {experiment}")
-        fig.tight_layout()
         target = out_dir / f"gfedntm-fig3-{experiment}.png"
-        fig.savefig(target, dpi=90)
-        plt.close(fig)
+        save_figure(fig, target, dpi=90)
         written.append(target)
     return written
