@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sklearn.cluster import KMeans
@@ -140,8 +141,12 @@ def run_cefmc(
     n_init: int = 10,
     seed: int = 0,
     pad: str = "zero",
+    full_representation: bool = False,
 ) -> ReferenceRun:
-    """CeFMC (Alg. 2) on already-scaled views; `beta=None` means β = λ, the paper's recommendation."""
+    """CeFMC (Alg. 2) on already-scaled views; `beta=None` means β = λ, the paper's recommendation.
+
+    `full_representation`: the CeFMC-H ablation, same initialisation, then clients send H_v (N x k floats)
+    instead of y_v; it has no approximation term, so λ only serves as the default for β."""
     _check_views(views, n_clusters, max_rounds)
     beta = lam if beta is None else beta
     wire = _Wire()
@@ -155,72 +160,44 @@ def run_cefmc(
     converged = False
     while not converged and len(objectives) < max_rounds:
         wire.next_round()
-        received_labels, received_objectives = [], []
+        received, received_objectives = [], []
         for v, (X, (y_received, C_bar_received)) in enumerate(zip(views, inbox, strict=True)):
-            H_views[v], client_labels[v], obj_v = cefmc_client.client_round(
-                X,
-                H_views[v],
-                client_labels[v],
-                client_centroids[v],
-                y_received,
-                C_bar_received,
-                lam=lam,
-                beta=beta,
-                mm_factor=mm_factor,
-                n_iter=h_iters,
-            )
-            received_labels.append(wire.send_up(client_labels[v]))
+            if full_representation:
+                H_views[v], obj_v = cefmc_client.client_round_full_representation(
+                    X, H_views[v], y_received, C_bar_received, beta=beta, mm_factor=mm_factor, n_iter=h_iters
+                )
+                received.append(wire.send_up(H_views[v]))
+            else:
+                H_views[v], client_labels[v], obj_v = cefmc_client.client_round(
+                    X,
+                    H_views[v],
+                    client_labels[v],
+                    client_centroids[v],
+                    y_received,
+                    C_bar_received,
+                    lam=lam,
+                    beta=beta,
+                    mm_factor=mm_factor,
+                    n_iter=h_iters,
+                )
+                received.append(wire.send_up(client_labels[v]))
             received_objectives.append(float(wire.send_up(obj_v)))
-        y, C, objective = cefmc_server.server_round(
-            received_labels, received_objectives, server_centroids, C, beta=beta
-        )
+        if full_representation:
+            y, C, objective = cefmc_server.server_round_full(received, received_objectives, C, beta=beta)
+        else:
+            y, C, objective = cefmc_server.server_round(
+                received, received_objectives, server_centroids, C, beta=beta
+            )
         inbox = _broadcast_consensus(y, C, len(views), wire)
         converged = _stop(objectives, objective, delta)
         objectives.append(objective)
-    return ReferenceRun("cefmc", y, objectives, wire.up, wire.down, converged, initial_labels)
+    name = "cefmc-h" if full_representation else "cefmc"
+    return ReferenceRun(name, y, objectives, wire.up, wire.down, converged, initial_labels)
 
 
-def run_cefmc_h(
-    views: Sequence[np.ndarray],
-    n_clusters: int,
-    *,
-    lam: float = 1.0,
-    beta: float | None = None,
-    mm_factor: float = 2.0,
-    h_iters: int = 1,
-    delta: float | None = 1e-6,
-    max_rounds: int = 100,
-    n_init: int = 10,
-    seed: int = 0,
-    pad: str = "zero",
-) -> ReferenceRun:
-    """CeFMC-H ablation: same initialisation, then clients send H_v (N x k floats) instead of y_v.
-
-    It has no approximation term, so λ only serves as the default for β.
-    """
-    _check_views(views, n_clusters, max_rounds)
-    beta = lam if beta is None else beta
-    wire = _Wire()
-    H_views, y, C, inbox = _initialise_cefmc(views, n_clusters, wire, n_init=n_init, seed=seed, pad=pad)
-    initial_labels = y
-    objectives: list[float] = []
-    converged = False
-    while not converged and len(objectives) < max_rounds:
-        wire.next_round()
-        received_representations, received_objectives = [], []
-        for v, (X, (y_received, C_bar_received)) in enumerate(zip(views, inbox, strict=True)):
-            H_views[v], obj_v = cefmc_client.client_round_full_representation(
-                X, H_views[v], y_received, C_bar_received, beta=beta, mm_factor=mm_factor, n_iter=h_iters
-            )
-            received_representations.append(wire.send_up(H_views[v]))
-            received_objectives.append(float(wire.send_up(obj_v)))
-        y, C, objective = cefmc_server.server_round_full(
-            received_representations, received_objectives, C, beta=beta
-        )
-        inbox = _broadcast_consensus(y, C, len(views), wire)
-        converged = _stop(objectives, objective, delta)
-        objectives.append(objective)
-    return ReferenceRun("cefmc-h", y, objectives, wire.up, wire.down, converged, initial_labels)
+def run_cefmc_h(views: Sequence[np.ndarray], n_clusters: int, **settings: Any) -> ReferenceRun:
+    """CeFMC-H ablation (`run_cefmc` with `full_representation`): clients send H_v instead of y_v."""
+    return run_cefmc(views, n_clusters, full_representation=True, **settings)
 
 
 def run_vertical_cmeans(
