@@ -21,7 +21,7 @@ from flwr.common import Parameters, Scalar, log, ndarrays_to_parameters
 from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import centres_from_moments, kmeans
 from fedapp.methods.ffcm import FFCMConfig
-from fedapp.privacy.secagg import SUM
+from fedapp.privacy.secagg import MEAN, SUM
 from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, consistent_replies
@@ -108,7 +108,10 @@ class FFCMStrategy(ClusteringStrategy):
             self.privacy.check_nonnegative(second, "membership mass")
 
     def aggregate(self, server_round: int, replies: list[ClientReply]) -> Parameters | None:
-        replies = self.privacy.intake(server_round, replies, [SUM, SUM] if self.centres is not None else [])
+        # the moments are n-weighted means (SecAgg+ averages them as they are), the updates per-record sums
+        replies = self.privacy.intake(
+            server_round, replies, [MEAN, MEAN] if self.centres is None else [SUM, SUM]
+        )
         if self.centres is None and self.init == "moments":
             assert self.k is not None
             mean, mean_square = self.privacy.moments(replies)
