@@ -256,7 +256,7 @@ def noisy_distances(results: Replies, expected: int, counts: np.ndarray) -> Dist
     """Stage 2 under DP: the sum of the clients' noisy releases around the pooled means of `counts`,
     clamped; None unless all `expected` clients sent one."""
     parts = []
-    for client, res in results:
+    for client, res in by_client(results):  # one summation order, whatever the arrival order
         try:
             part = decode_noisy(res.metrics.get(NOISY_KEY), "noisy distances", NOISY_DISTANCES)
             if part["distance_sums"].shape != counts.shape or part["squared_sums"].shape != counts.shape:

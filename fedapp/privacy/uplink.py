@@ -38,6 +38,7 @@ from fedapp.privacy.dp import (
     private_update,
     secret_rng,
 )
+from fedapp.privacy.floor import WITHHELD_KEY
 from fedapp.privacy.plan import DPPlan, dp_plan
 from fedapp.privacy.secagg import CLEAR, MEAN, SUM, model_modes, secure_upload
 
@@ -125,7 +126,8 @@ class Uplink:
                     "sensitivity; under DP only moments and per-cluster sums may leave a client"
                 )
             release = self.release()
-            return release.gaussian(arrays, sensitivity), 0, {**metrics, **release.metrics}
+            sent = {key: value for key, value in metrics.items() if key != WITHHELD_KEY}  # no floor under DP
+            return release.gaussian(arrays, sensitivity), 0, {**sent, **release.metrics}
         if self.cfg.secagg:
             masked, extra = secure_upload(arrays, modes, n, self.cfg.secagg_clip)
             return masked, n, {**metrics, **extra}
