@@ -74,20 +74,10 @@ def _tokened(token: str) -> list[int]:
 
 
 def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "simulation", "run", "--method", "ffcm", "--dataset", "digits"]
+    command += ["--clients", "3", "--rounds", "500", "--set", "ffcm.delta=0", "--out", str(tmp_path / "out")]
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "simulation",
-            "run",
-            "--method",
-            "ffcm",
-            "--dataset",
-            "digits",
-            "--clients",
-            "3",
-        ]
-        + ["--rounds", "500", "--set", "ffcm.delta=0", "--out", str(tmp_path / "out")],
+        command,
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from logging import INFO
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import flwr.compat.common.recorddict_compat as compat
 from flwr.common import (
@@ -117,30 +117,22 @@ class FedappServer(Server):
     whose rounds exchange their messages in one batch when the clients live behind a Grid."""
 
     def fit_round(self, server_round: int, timeout: float | None):  # type: ignore[no-untyped-def]
-        instructions = self.strategy.configure_fit(
-            server_round=server_round, parameters=self.parameters, client_manager=self._client_manager
-        )
-        if not instructions:
-            return None
-        if _on_grid(instructions):
-            results, failures = exchange(instructions, server_round, timeout)
-        else:  # in-process proxies: Flower's threaded calls
-            results, failures = fit_clients(instructions, self.max_workers, timeout, server_round)
-        parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)  # type: ignore[arg-type]
-        return parameters, metrics, (results, failures)
+        return self._round(self.strategy.configure_fit, self.strategy.aggregate_fit, server_round, timeout)
 
     def evaluate_round(self, server_round: int, timeout: float | None):  # type: ignore[no-untyped-def]
-        instructions = self.strategy.configure_evaluate(
+        strategy = self.strategy
+        return self._round(strategy.configure_evaluate, strategy.aggregate_evaluate, server_round, timeout)
+
+    def _round(self, configure: Any, aggregate: Any, server_round: int, timeout: float | None) -> Any:
+        """One exchange: the strategy's instructions out (`collect`), its aggregation of the replies; None
+        when it asks nobody. Returns what Flower's `Server` rounds return: (result, metrics, replies)."""
+        instructions = configure(
             server_round=server_round, parameters=self.parameters, client_manager=self._client_manager
         )
         if not instructions:
             return None
-        if _on_grid(instructions):
-            results, failures = exchange(instructions, server_round, timeout)
-        else:
-            results, failures = evaluate_clients(instructions, self.max_workers, timeout, server_round)
-        loss, metrics = self.strategy.aggregate_evaluate(server_round, results, failures)  # type: ignore[arg-type]
-        return loss, metrics, (results, failures)
+        results, failures = collect(instructions, server_round, timeout, self.max_workers)
+        return (*aggregate(server_round, results, failures), (results, failures))
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         strategy = self.strategy
@@ -188,10 +180,7 @@ def run_report(
         instructions = report.configure(stage, client_manager)
         if not instructions:
             return
-        if _on_grid(instructions):
-            results, failures = exchange(instructions, REPORT_GROUP, timeout)
-        else:
-            results, failures = evaluate_clients(instructions, max_workers, timeout, REPORT_GROUP)  # type: ignore[arg-type]
+        results, failures = collect(instructions, REPORT_GROUP, timeout, max_workers)
         if not report.aggregate(stage, results, failures):  # type: ignore[arg-type]
             return
 
@@ -203,6 +192,20 @@ def readable_reason(reason: str) -> str:
     """Flower's "<class 'pkg.mod.Error'>:<'message'>" as "Error: message" (anything else unchanged)."""
     match = _FLOWER_REASON.match(reason.strip())
     return f"{match.group(1)}: {match.group(2)}" if match else reason
+
+
+def collect(
+    instructions: Sequence[tuple[ClientProxy, FitIns | EvaluateIns]],
+    group: int,
+    timeout: float | None,
+    max_workers: int | None,
+) -> tuple[list[tuple[ClientProxy, Any]], list[BaseException]]:
+    """Send a round's (or the report's, `group` 0) instructions and collect the replies: in one batch
+    when the clients live behind a Grid (`exchange`), else through Flower's threaded in-process calls."""
+    if _on_grid(instructions):
+        return exchange(instructions, group, timeout)  # type: ignore[return-value]
+    call = fit_clients if isinstance(instructions[0][1], FitIns) else evaluate_clients
+    return call(instructions, max_workers, timeout, group)  # type: ignore[arg-type,return-value]
 
 
 def _on_grid(instructions: Sequence[tuple[ClientProxy, object]]) -> bool:

@@ -87,26 +87,9 @@ def dropout_bar(method: str, out: Path) -> dict[str, object]:
 
 
 def killed_node_bar(out: Path, timeout: int = 45) -> dict[str, object]:
-    command = [
-        sys.executable,
-        "deploy/run_local.py",
-        "--method",
-        "ffcm",
-        "--dataset",
-        "digits",
-        "--clients",
-        "3",
-    ]
-    command += [
-        "--rounds",
-        "6",
-        "--set",
-        "ffcm.delta=0",
-        "--set",
-        f"round-timeout={timeout}",
-        "--out",
-        str(out),
-    ]
+    command = [sys.executable, "deploy/run_local.py", "--method", "ffcm", "--dataset", "digits"]
+    command += ["--clients", "3", "--rounds", "6", "--set", "ffcm.delta=0"]
+    command += ["--set", f"round-timeout={timeout}", "--out", str(out)]
     process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     victim, seconds = None, {}
