@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from flwr.common import Code, Context, EvaluateRes, RecordDict, Status
 
-import clients.base
-import clients.report
+import fedapp.privacy.uplink
 from clients.kfed import KFedClient
 from fedapp.config.run import parse_run_config
 from fedapp.launch.resolve import build_overrides
@@ -54,8 +53,8 @@ class _Spy:
 def test_noisy_report_is_released_from_clipped_records_and_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spy = _Spy(clients.report.gaussian_mechanism)
-    monkeypatch.setattr(clients.report, "gaussian_mechanism", spy)
+    spy = _Spy(fedapp.privacy.uplink.gaussian_mechanism)  # the report releases through the client's uplink
+    monkeypatch.setattr(fedapp.privacy.uplink, "gaussian_mechanism", spy)
     clip = 0.5
     summary = _run(tmp_path, {"dp.report": "noise", "dp.clip": clip})
     privacy = summary["privacy"]["dp"]

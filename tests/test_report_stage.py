@@ -161,7 +161,7 @@ def test_plain_parts_their_secure_totals_and_noise_free_releases_give_one_report
 
 def test_a_checkpoint_keeps_the_report(tmp_path: Path) -> None:
     strategy = _plain_report(tmp_path)
-    strategy.secagg_clipped, strategy.dp_releases = 3, 2
+    strategy.privacy.secagg_clipped, strategy.privacy.releases = 3, 2
     state = pickle.loads(pickle.dumps(strategy.state_dict()))  # what `save_strategy` writes and reads
     restored = _strategy(tmp_path)
     restored.load_state_dict(state)
@@ -170,7 +170,7 @@ def test_a_checkpoint_keeps_the_report(tmp_path: Path) -> None:
     assert report.asked == before.asked
     assert sorted(report.sums) == sorted(before.sums)
     np.testing.assert_array_equal(report.pooled_sums().sums, before.pooled_sums().sums)
-    assert (restored.secagg_clipped, restored.dp_releases) == (3, 2)
+    assert (restored.privacy.secagg_clipped, restored.privacy.releases) == (3, 2)
     # the restored report asks the same clients for distances, with the same pooled means
     instructions = report.configure(STAGE_DISTANCES, mock_manager(CIDS))
     assert [proxy.cid for proxy, _ in instructions] == CIDS
