@@ -323,7 +323,11 @@ def test_ccfc_under_secagg_matches_the_plain_run(tmp_path: Path) -> None:
     for name in plain_model.files:
         assert secure_model[name].dtype == plain_model[name].dtype, name
         atol = 0.05 if name == "centroids" else 6e-3 + 1e-3
-        np.testing.assert_allclose(secure_model[name], plain_model[name], atol=atol, err_msg=name)
+        # a BatchNorm running variance is no trained weight: it moves with the square of the weights
+        # feeding it (|w| ~ 0.25 here), so a weight error of 7e-3 moves it by up to 2 x 7e-3 / 0.25 ~ 6 %
+        # (measured 1.3 %, predictor.1 at 0.85: 0.011)
+        rtol = 0.06 if name.endswith("running_var") else 0.0
+        np.testing.assert_allclose(secure_model[name], plain_model[name], rtol=rtol, atol=atol, err_msg=name)
     assert wire_bytes(tmp_path / "secure")["1"]["train"]["messages"] == 3  # the setup round: plain
 
 
