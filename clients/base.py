@@ -68,7 +68,10 @@ class ClusteringClient(NumPyClient):
         self.seed = client_seed(cfg.seed, self.partition_id)
         # fedapp.privacy.floor: the ClientApp folded the node's floor into cfg; the client's own holds anyway
         self.floor = max(CLIENT_MIN_CLUSTER, cfg.min_cluster_size)
-        self.uplink = Uplink(cfg, context.state, self.partition_id, self.floor)  # plain, SecAgg+ or DP
+        # plain, SecAgg+ or DP: how this client's statistics leave it
+        self.uplink = Uplink(
+            cfg, context.state, self.partition_id, self.floor, self.data.n_samples, self.num_partitions
+        )
         self.final_report = ClientReport(self)
 
     @property

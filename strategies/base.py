@@ -34,7 +34,6 @@ from flwr.server.strategy import Strategy
 
 from fedapp.app.checkpoint import checkpoint_dir, load_strategy, save_strategy
 from fedapp.config.run import RunConfig
-from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
 from fedapp.report.records import PROGRESS_MARKER, default_out_dir
 from fedapp.wire import ReplyError
 from strategies.hooks import StrategyHooks
@@ -309,6 +308,10 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             elif not (self.finished or self.stopped) and self.final_metrics:
                 self.stop_reason = f"max rounds ({self.cfg.num_rounds})"
             problems = self.record.losses(self.rounds_run, self.finished, self.final_report.problems)
+            collapsed = self.record.collapse(self.k, self.privacy.collapse_cause())
+            if collapsed:  # however the method stopped, a collapsed result is not a clean run
+                self.warn(collapsed)
+                problems.append(collapsed)
             self.status, self.status_reason = run_status(
                 failure, self.stopped, self.finished, bool(self.final_metrics), self.stop_reason, problems
             )
@@ -321,11 +324,6 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         if message not in self.warnings:
             self.warnings.append(message)
             log(WARNING, "%s warning: %s", PROGRESS_MARKER, message)
-
-    @property
-    def floor_size(self) -> int:
-        """The privacy floor every client enforces at least (a node may raise its own)."""
-        return max(CLIENT_MIN_CLUSTER, self.cfg.min_cluster_size)
 
     def summary(self) -> dict[str, Any]:
         """summary.json: the run's configuration, outcome and records, and the method's own fields."""
@@ -342,7 +340,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             "stop_reason": self.stop_reason,
             "num_rounds": self.cfg.num_rounds,
             "excluded_clients": dict(sorted(self.roster.excluded.items())),
-            "config": self.cfg.to_dict(),
+            "config": self.effective_config(),
             **self.record.summary(),
             "report": self.final_report.summary,
             "warnings": self.warnings,

@@ -136,5 +136,8 @@ class FFCMStrategy(ClusteringStrategy):
                 )
         return ndarrays_to_parameters([self.centres])
 
+    def effective_config(self) -> dict[str, Any]:
+        return {**super().effective_config(), "ffcm.init": self.init}
+
     def extra_summary(self) -> dict[str, Any]:
         return {"centre_shift_per_round": self.shifts}

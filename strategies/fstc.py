@@ -233,8 +233,8 @@ class FSTCStrategy(ClusteringStrategy):
             if n_points < self.k:
                 self.warn(
                     f"only {n_points} local centres for k={self.k} (the privacy floor of "
-                    f"{self.floor_size} records caps each client's): the other {self.k - n_points} initial "
-                    "centres are seeded draws from their mean and variance"
+                    f"{self.privacy.floor_size} records caps each client's): the other "
+                    f"{self.k - n_points} initial centres are seeded draws from their mean and variance"
                 )
             self.centres = initial_centres(points, weights, self.k, self.cfg.seed)
             if weights is not None and min(len(p) for p in points) >= self.k:  # fewer: shares too coarse
@@ -278,7 +278,7 @@ class FSTCStrategy(ClusteringStrategy):
         if self.train_metrics and self.train_metrics[-1].get("round") == server_round:
             self.train_metrics[-1]["stale-centres"] = float(stale)
         if stale and server_round >= self.cfg.num_rounds:
-            why = self.privacy.empty_cluster_reason(self.floor_size)
+            why = self.privacy.empty_cluster_reason(self.privacy.floor_size)
             self.warn(f"{stale} of {len(updated)} global centres got no update in the last round: {why}")
 
     def record_training(self, server_round: int, replies: list[ClientReply]) -> None:
@@ -302,6 +302,9 @@ class FSTCStrategy(ClusteringStrategy):
     def should_evaluate(self, server_round: int) -> bool:
         """Only the averaged global model is evaluated (local models have no common cluster order)."""
         return self.global_model is not None and super().should_evaluate(server_round)
+
+    def effective_config(self) -> dict[str, Any]:
+        return {**super().effective_config(), "fstc.init": self.init}
 
     def extra_summary(self) -> dict[str, Any]:
         return {

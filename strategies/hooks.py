@@ -114,6 +114,11 @@ class StrategyHooks:
             return f"clusters used {used:.0f} largest {100 * largest:.1f}%"
         return " ".join(f"{key} {100 * metrics[key]:.2f}" for key in self.headline_metrics if key in metrics)
 
+    def effective_config(self) -> dict[str, Any]:
+        """summary.json's and model.json's `config`: the run config, with the value a method actually used
+        where it overrode one (e.g. the moments init that SecAgg+ or DP forces)."""
+        return self.cfg.to_dict()
+
     def extra_summary(self) -> dict[str, Any]:
         """Method-specific fields for summary.json."""
         return {}

@@ -32,6 +32,7 @@ from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import weighted_centre_sums
 from fedapp.methods import method_spec
 from fedapp.privacy.dp import RELEASES_KEY, floor_variances
+from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
 from fedapp.privacy.plan import DPPlan, dp_plan
 from fedapp.privacy.secagg import (
     CENTRES,
@@ -221,6 +222,20 @@ class PrivacyLayer:
         """An averaged model state with its BatchNorm variances kept positive: under DP the noisy
         average may be <= 0 (post-processing); exact averages pass unchanged."""
         return floor_variances(names, averaged) if self.private else averaged
+
+    @property
+    def floor_size(self) -> int:
+        """The privacy floor every client enforces at least (a node may raise its own)."""
+        return max(CLIENT_MIN_CLUSTER, self.cfg.min_cluster_size)
+
+    def collapse_cause(self) -> str:
+        """The likely cause of a clustering that collapsed into a few clusters."""
+        if self.plan is not None:
+            return f"likely the DP noise at dp.epsilon={self.cfg.dp.epsilon:g}: raise it, or run fewer rounds"
+        return (
+            f"likely the privacy floor (min-cluster-size {self.floor_size}) or k above the clusters this "
+            "data holds"
+        )
 
     def empty_cluster_reason(self, floor_size: int) -> str:
         """Why a cluster's total got no update: DP noise, or empty / below the floor on every client."""

@@ -174,6 +174,17 @@ class RunRecord:
             problems.append(f"the last evaluation is from round {last_evaluated} of {rounds_run}")
         return problems
 
+    def collapse(self, k: int | None, cause: str) -> str | None:
+        """A result that collapsed: the last evaluation used fewer than half of the k clusters (every
+        record in a few clusters is no clustering, however the run ended); None otherwise or unknown."""
+        if not k or not self.history:
+            return None
+        last = self.history[-1]
+        used = last.get("clusters_used", last["metrics"].get("clusters_used"))
+        if used is None or used >= k / 2:
+            return None
+        return f"the result collapsed: {int(used)} of {k} clusters hold records ({cause})"
+
     def summary(self) -> dict[str, Any]:
         """The records' part of summary.json."""
         return {

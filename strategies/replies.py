@@ -172,4 +172,7 @@ def contingency_evaluation(
         return size_metrics(sizes), {"evaluated": 0, "cluster_sizes": sizes.tolist()}
     if total is None:
         return None
-    return clustering_metrics(total), {"evaluated": int(total.sum())}
+    return clustering_metrics(total), {
+        "evaluated": int(total.sum()),
+        "clusters_used": int((total.sum(1) > 0).sum()),
+    }

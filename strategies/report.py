@@ -102,6 +102,8 @@ class ReportHost(Protocol):
 
     def report_views(self) -> int | None: ...
 
+    def effective_config(self) -> dict[str, Any]: ...
+
     def warn(self, message: str) -> None: ...
 
 
@@ -336,7 +338,7 @@ class FinalReport:
             "method": host.cfg.method,
             "k": host.k,
             "transductive": spec.vertical,
-            "config": host.cfg.to_dict(),
+            "config": host.effective_config(),
             "metrics": host.final_metrics or {},
             "cluster_sizes": self.summary.get("cluster_sizes"),
             "keywords": self.summary.get("keywords"),

@@ -18,6 +18,7 @@ from fedapp.datasets import Dataset, DatasetError, has_placeholder
 from fedapp.datasets.local import load_run_dataset, views_of
 from fedapp.datasets.partition import partition_indices
 from fedapp.methods import method_spec
+from fedapp.privacy.plan import check_delta
 
 
 def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
@@ -63,6 +64,7 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
         data.y, num_clients, cfg.partition, seed=cfg.seed, p=cfg.p, ratio=cfg.ratio, alpha=cfg.alpha
     )
     sizes = [len(part) for part in parts]
+    check_delta(cfg, sizes)
     smallest = min(range(num_clients), key=sizes.__getitem__)
     if sizes[smallest] < k:
         raise ConfigError(
@@ -99,6 +101,7 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
             )
     if vertical:
         return
+    check_delta(cfg, [data.n_samples for data in files])
     widths = {
         i: data.image_shape or data.features.shape[1]
         for i, data in enumerate(files)

@@ -10,6 +10,7 @@ methods only) are part of the plan: its noise is calibrated to training and repo
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 
 class DPUnsupportedError(ValueError):
     """The method sends something no noise covers, so it cannot run under differential privacy."""
+
+
+class DeltaError(ValueError):
+    """`dp.delta` is too large for the data it protects (`check_delta`)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,26 @@ class DPPlan:
                 "releases": 1,
             }
         return block
+
+
+def delta_bound(unit: str, records_per_client: Sequence[int]) -> tuple[float, str]:
+    """(1 / the units one epsilon protects, what they are): a DP guarantee whose δ is not below it means
+    little, since with probability δ a release may reveal one unit outright."""
+    if unit == RECORD:
+        return 1.0 / max(records_per_client), f"the {max(records_per_client)} records of the largest client"
+    return 1.0 / len(records_per_client), f"the {len(records_per_client)} clients"
+
+
+def check_delta(cfg: RunConfig, records_per_client: Sequence[int]) -> None:
+    """Refuse a DP run whose `dp.delta` is not below `delta_bound` (DeltaError, one line)."""
+    if not cfg.dp.enabled or not records_per_client:
+        return
+    bound, units = delta_bound(dp_support(cfg.method).unit, records_per_client)
+    if cfg.dp.delta >= bound:
+        raise DeltaError(
+            f"dp.delta={cfg.dp.delta:g} is not below 1 / {units} ({bound:.3g}): with probability delta a "
+            f"release may reveal one of them outright; set dp.delta below {bound:.3g} (e.g. 1e-5 or less)"
+        )
 
 
 def dp_support(method: str) -> DPSupport:

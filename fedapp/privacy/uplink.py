@@ -29,6 +29,7 @@ import numpy as np
 from flwr.common import NDArrays, RecordDict, Scalar
 
 from fedapp.privacy.dp import (
+    RECORD,
     RELEASES_KEY,
     DPConfig,
     clip_rows,
@@ -39,7 +40,7 @@ from fedapp.privacy.dp import (
     secret_rng,
 )
 from fedapp.privacy.floor import WITHHELD_KEY
-from fedapp.privacy.plan import DPPlan, dp_plan
+from fedapp.privacy.plan import DPPlan, check_delta, dp_plan
 from fedapp.privacy.secagg import CLEAR, MEAN, SUM, model_modes, secure_upload
 
 if TYPE_CHECKING:
@@ -77,12 +78,16 @@ class Release:
 class Uplink:
     """A client's way out (module docstring): plain, SecAgg+ or DP, decided by the run config alone."""
 
-    def __init__(self, cfg: RunConfig, state: RecordDict, partition: int, floor: int) -> None:
+    def __init__(
+        self, cfg: RunConfig, state: RecordDict, partition: int, floor: int, records: int, clients: int
+    ) -> None:
         self.cfg = cfg
         self.state = state  # context.state: the client's count of its releases survives rounds
         self.partition = partition
         self.privacy_floor = floor
         self.plan: DPPlan | None = dp_plan(cfg) if cfg.dp.enabled else None
+        if self.plan is not None:  # a node checks its own data: the run config is the server's word
+            check_delta(cfg, [records] if self.plan.support.unit == RECORD else [records] * clients)
 
     @property
     def private(self) -> bool:
