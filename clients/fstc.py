@@ -13,7 +13,7 @@ of the initial model (built from the run seed, as the server builds it): the loc
 depends on every record, so statistics of its representations would have no per-record sensitivity.
 Round 1 sends noisy (sum E, sum E*E, count) of the clipped initial representations (the moments init);
 each training round assigns every clipped representation to its nearest global centre (public: earlier
-noisy releases) and sends noisy per-cluster sums and counts (`dp_centre_statistics`): the global centres
+noisy releases) and sends noisy per-cluster sums and counts (`centre_statistics`): the global centres
 are a DP Lloyd's k-means in that public space. `fstc.dp-labels` says how records are labelled:
 - `centres` (default): by their nearest global centre in that same space (clipped public representations).
   No model is released, and nothing local training would produce is released or used, so local training
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.common import Array, ArrayRecord, ConfigRecord, Context, NDArrays, Scalar
+from flwr.common import Array, ArrayRecord, ConfigRecord, Context, NDArrays, RecordDict, Scalar
 
 from clients.base import ClusteringClient
 from fedapp.config.run import RunConfig
@@ -60,6 +60,7 @@ from fedapp.methods.fstc import (
     INIT_KEY,
     MODEL_KEY,
     PHASE_INIT,
+    PHASE_LLOYD,
     FSTCConfig,
     train_modes,
 )
@@ -85,7 +86,7 @@ from fedapp.privacy.dp import (
     sum_count_sensitivity,
 )
 from fedapp.privacy.floor import WITHHELD_KEY
-from fedapp.privacy.secagg import CLEAR
+from fedapp.privacy.secagg import CLEAR, SUM
 from fedapp.privacy.uplink import Reply
 from fedapp.report.stages import Assignment, nearest_with_distance
 
@@ -145,6 +146,9 @@ def forward_all(model: FSTCModel, inputs: LocalInputs, batch_size: int) -> tuple
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
+STATE_ARRAYS, STATE_SCALARS = "fstc.progress-arrays", "fstc.progress"  # context.state keys
+
+
 @dataclass
 class LabellingState:
     """Alg. 3's pseudo-labelling state: what a client carries between rounds besides model and optimizer."""
@@ -155,6 +159,36 @@ class LabellingState:
     gum: GaussianUniformMixture | None  # None until the first pseudo-label update (r = 1 before)
     dual: torch.Tensor | None = None  # log v of the last Sinkhorn solve (warm start)
     centres: LocalCentres | None = None  # align-centres = local: Eq. 15 over all samples (not kept)
+
+    def save(self, state: RecordDict) -> None:
+        """Keep it in `context.state` for the client's next round (the client object is rebuilt)."""
+        arrays = {"targets": self.targets.cpu().numpy(), "memory": self.memory.cpu().numpy()}
+        scalars: dict[str, Scalar] = {"step": self.step, "gum": self.gum is not None}
+        if self.dual is not None:
+            arrays["sinkhorn-dual"] = self.dual.cpu().numpy()
+        if self.gum is not None:
+            arrays["gum-covariance"] = self.gum.covariance_
+            scalars.update({"gum-prior": self.gum.prior_, "gum-log-gamma": self.gum.log_gamma_})
+        kept = {name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()}
+        state[STATE_ARRAYS] = ArrayRecord(kept)
+        state[STATE_SCALARS] = ConfigRecord(scalars)
+
+    @classmethod
+    def restore(cls, state: RecordDict, gum_steps: int, device: torch.device) -> LabellingState:
+        """The state `save` kept (the mixture with `gum_steps` EM steps, Q and O on `device`)."""
+        arrays = {name: array.numpy() for name, array in state[STATE_ARRAYS].items()}
+        scalars = state[STATE_SCALARS]
+        gum = None
+        if scalars["gum"]:
+            gum = GaussianUniformMixture(
+                steps=gum_steps,
+                prior_=float(scalars["gum-prior"]),
+                covariance_=arrays["gum-covariance"],
+                log_gamma_=float(scalars["gum-log-gamma"]),
+            )
+        targets, memory = (torch.as_tensor(arrays[name], device=device) for name in ("targets", "memory"))
+        dual = torch.as_tensor(arrays["sinkhorn-dual"]) if "sinkhorn-dual" in arrays else None
+        return cls(int(scalars["step"]), targets, memory, gum, dual)
 
 
 @dataclass
@@ -309,9 +343,10 @@ class LocalUpdate:
 
 
 # --------------------------------------------------------------------------- differential privacy
-def dp_centre_statistics(values: np.ndarray, global_centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eq. 16's per-cluster sums and counts under DP: each (clipped, public-space) record counts once,
-    for its nearest global centre, so one record moves (sums, counts) by at most sqrt(clip^2 + 1)."""
+def centre_statistics(values: np.ndarray, global_centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster sums and counts of the records nearest each global centre (Eq. 16's inputs where only
+    sums may leave: a secure Lloyd step, DP in the public space). Under DP each clipped record counts
+    once, for one centre, so it moves (sums, counts) by at most sqrt(clip^2 + 1)."""
     stats = cluster_sums(values, nearest_centre(values, global_centres), global_centres.shape[0])
     return stats.sums, stats.counts.astype(np.float64)
 
@@ -335,7 +370,6 @@ STATE_MODEL, STATE_OPTIMIZER, STATE_CURSOR, STATE_RNG = (
     "fstc.cursor",
     "fstc.rng",
 )
-STATE_ARRAYS, STATE_SCALARS = "fstc.progress-arrays", "fstc.progress"
 FROZEN_EVAL_BATCH = 4096
 
 
@@ -403,6 +437,8 @@ class FSTCClient(ClusteringClient):
         with one_blas_thread():  # the mixture's N x K products: threads cost more than they save
             if config.get("phase") == PHASE_INIT:
                 return self.initial_reply(str(config.get(INIT_KEY, self.params.init)))
+            if config.get("phase") == PHASE_LLOYD:
+                return self.lloyd_reply(parameters[0])
             return self.train_round(list(parameters), config)
 
     def initial_reply(self, init: str) -> Reply:
@@ -421,6 +457,25 @@ class FSTCClient(ClusteringClient):
             k_local = self.params.init_local_k or 2 * self.k
             arrays = local_kmeans_summary(representations, k_local, self.seed, self.floor)
         return self.uplink.send(arrays, [CLEAR] * len(arrays), self.data.n_samples, identity)
+
+    def lloyd_reply(self, global_centres: np.ndarray) -> Reply:
+        """A secure Lloyd step on the moments init (`fedapp.methods.fstc.lloyd_rounds`): every record's
+        initial representation to its nearest global centre, per-cluster sums and counts (a cluster below
+        the privacy floor withheld) as SecAgg+ sums."""
+        if global_centres.ndim != 2 or global_centres.shape[0] != self.k:
+            raise ValueError(
+                f"server sent centres of shape {global_centres.shape}, this client has k={self.k}"
+            )
+        inputs = self.local_inputs(augmented=False)
+        values = (
+            forward_all(self.build_model(inputs), inputs, self.update.eval_batch)[0].cpu().double().numpy()
+        )
+        sums, counts = centre_statistics(values, global_centres)
+        small = counts < self.uplink.floor
+        withheld = int((small & (counts > 0)).sum())
+        sums, counts = np.where(small[:, None], 0.0, sums), np.where(small, 0, counts).astype(np.int64)
+        metrics = {**self.identity_metrics(), WITHHELD_KEY: withheld}
+        return self.uplink.send([sums, counts], [SUM, SUM], self.data.n_samples, metrics)
 
     # ------------------------------------------------------------------ differential privacy
     def public_model(self, inputs: LocalInputs) -> FSTCModel:
@@ -456,7 +511,7 @@ class FSTCClient(ClusteringClient):
         values, initial = self.public_representations(inputs)
         with_model = final and model is not None
         release = self.uplink.release(2 if with_model else 1)
-        sums, counts = dp_centre_statistics(values, global_centres)
+        sums, counts = centre_statistics(values, global_centres)
         reply = release.gaussian([sums, counts], sum_count_sensitivity(self.cfg.dp.clip))
         sent: dict[str, Scalar] = {**self.identity_metrics(), **release.metrics}
         if with_model:
@@ -489,7 +544,9 @@ class FSTCClient(ClusteringClient):
             else torch.as_tensor(global_centres, dtype=torch.float32, device=self.device)
         )
         labelling = (
-            self.initial_labelling(model, inputs, centres_tensor) if first else self.restore_labelling()
+            self.initial_labelling(model, inputs, centres_tensor)
+            if first
+            else LabellingState.restore(state, self.params.gum_steps, self.device)
         )
         cursor = BatchCursor.resume(
             state,
@@ -512,7 +569,7 @@ class FSTCClient(ClusteringClient):
         save_module(state, STATE_MODEL, model)
         save_optimizer(state, STATE_OPTIMIZER, optimizer)
         cursor.save(state, STATE_CURSOR)
-        self.keep_labelling(labelling)
+        labelling.save(state)
         progress = {**stats.metrics(), **updates, "step": labelling.step}
         final = bool(config.get(FINAL_KEY))
         if self.uplink.private:  # FSTC under DP: statistics in the public space, not the trained model's
@@ -552,36 +609,6 @@ class FSTCClient(ClusteringClient):
         nearest = torch.cdist(representations, global_centres).argmin(1)
         targets = torch.nn.functional.one_hot(nearest, self.k).float()
         return LabellingState(0, targets, self.update.mixture_output(scores).float(), None)
-
-    def keep_labelling(self, labelling: LabellingState) -> None:
-        arrays = {"targets": labelling.targets.cpu().numpy(), "memory": labelling.memory.cpu().numpy()}
-        scalars: dict[str, Scalar] = {"step": labelling.step, "gum": labelling.gum is not None}
-        if labelling.dual is not None:
-            arrays["sinkhorn-dual"] = labelling.dual.cpu().numpy()
-        if labelling.gum is not None:
-            arrays["gum-covariance"] = labelling.gum.covariance_
-            scalars.update({"gum-prior": labelling.gum.prior_, "gum-log-gamma": labelling.gum.log_gamma_})
-        self.context.state[STATE_ARRAYS] = ArrayRecord(
-            {name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()}
-        )
-        self.context.state[STATE_SCALARS] = ConfigRecord(scalars)
-
-    def restore_labelling(self) -> LabellingState:
-        arrays = {name: array.numpy() for name, array in self.context.state[STATE_ARRAYS].items()}
-        scalars = self.context.state[STATE_SCALARS]
-        gum = None
-        if scalars["gum"]:
-            gum = GaussianUniformMixture(
-                steps=self.params.gum_steps,
-                prior_=float(scalars["gum-prior"]),
-                covariance_=arrays["gum-covariance"],
-                log_gamma_=float(scalars["gum-log-gamma"]),
-            )
-        targets, memory = (
-            torch.as_tensor(arrays[name], device=self.device) for name in ("targets", "memory")
-        )
-        dual = torch.as_tensor(arrays["sinkhorn-dual"]) if "sinkhorn-dual" in arrays else None
-        return LabellingState(int(scalars["step"]), targets, memory, gum, dual)
 
     # ------------------------------------------------------------------------------ evaluation
     def predict(self, parameters: NDArrays, config: dict[str, Scalar]) -> np.ndarray:

@@ -73,6 +73,8 @@ class ClusteringStrategy(StrategyHooks, Strategy):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        # Flower's rounds: num-rounds, plus any a method's protocol adds (FSTC's secure Lloyd steps)
+        self.total_rounds = cfg.num_rounds
         self.k: int | None = cfg.k or None  # None: clients resolve k = number of classes and report it
         self.out_dir = (
             Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.method, cfg.dataset, cfg.seed)
@@ -251,7 +253,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
     def report_round(self, server_round: int, metrics: dict[str, float] | None = None) -> None:
         """The round's progress line (once per round that did work), with its headline metrics."""
         headline = self.headline_text(metrics) if metrics else None
-        self.record.progress(server_round, self.cfg.num_rounds, headline)
+        self.record.progress(server_round, self.total_rounds, headline)
 
     # ----------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -285,7 +287,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         server_round, state = load_strategy(checkpoint_dir(self.cfg, self.out_dir))
         self.load_state_dict(state)
         self.status, self.resumed_from = "running", server_round
-        log(INFO, "%s resumed after round %d of %d", PROGRESS_MARKER, server_round, self.cfg.num_rounds)
+        log(INFO, "%s resumed after round %d of %d", PROGRESS_MARKER, server_round, self.total_rounds)
         return server_round
 
     def resume_point(self) -> tuple[int, Parameters | None]:
@@ -306,7 +308,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
                 failure = f"{failure} (in round {self.rounds_run})"
                 self.stop_reason = self.stop_reason or failure
             elif not (self.finished or self.stopped) and self.final_metrics:
-                self.stop_reason = f"max rounds ({self.cfg.num_rounds})"
+                self.stop_reason = f"max rounds ({self.total_rounds})"
             problems = self.record.losses(self.rounds_run, self.finished, self.final_report.problems)
             collapsed = self.record.collapse(self.k, self.privacy.collapse_cause())
             if collapsed:  # however the method stopped, a collapsed result is not a clean run

@@ -40,15 +40,17 @@ from fedapp.methods.fstc import (
     INIT_KEY,
     MODEL_KEY,
     PHASE_INIT,
+    PHASE_LLOYD,
     PHASE_TRAIN,
     SECAGG_KEY,
     FSTCConfig,
+    lloyd_rounds,
     train_modes,
 )
 from fedapp.models.fstc import fstc_model
 from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
 from fedapp.privacy.floor import WITHHELD_KEY
-from fedapp.privacy.secagg import MEAN
+from fedapp.privacy.secagg import MEAN, SUM
 from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
@@ -58,6 +60,17 @@ DP_CENTRE_ROUNDS = 11
 # mean site skew (`fstc_math.site_skew`) above which the run warns: IID sites measure 0.02-0.04, the
 # label-skewed sets of docs/methods/fstc.md ("Real data shapes") 0.29 and more
 SITE_SKEW_WARNING = 0.15
+
+
+def training_row(server_round: int, replies: list[ClientReply]) -> dict[str, float]:
+    """Mean of the clients' training metrics (losses, kept fraction, Sinkhorn iterations) in a round."""
+    keys = sorted({key for r in replies for key in r.metrics if key.startswith(("train-", "sinkhorn"))})
+    row: dict[str, float] = {"round": server_round}
+    for key in keys:
+        values = [float(r.metrics[key]) for r in replies if isinstance(r.metrics.get(key), int | float)]
+        if values:
+            row[key] = float(np.mean(values))
+    return row
 
 
 class FSTCStrategy(ClusteringStrategy):
@@ -72,6 +85,7 @@ class FSTCStrategy(ClusteringStrategy):
         "global_model",
         "has_model",
         "train_metrics",
+        "lloyd_done",
     )
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -86,6 +100,9 @@ class FSTCStrategy(ClusteringStrategy):
         self.site_skew: float | None = None  # label skew across sites, from the init (centres init only)
         # only sums may reach the server (SecAgg+) or be noised (DP): then the initialisation is one too
         self.init = "moments" if self.privacy.sums_only else self.params.init
+        self.lloyd_rounds = lloyd_rounds(self.privacy.secure, self.params)
+        self.total_rounds += self.lloyd_rounds
+        self.lloyd_done = 0  # secure Lloyd steps taken on the moments init (`PHASE_LLOYD`)
         # under DP with dp-labels = centres: labels by the nearest C̃, no model sent or released
         self.centre_labels = self.privacy.private and not self.params.dp_model_release
         if cfg.num_rounds < 2:
@@ -111,7 +128,10 @@ class FSTCStrategy(ClusteringStrategy):
         if self.centres is None:
             init = {"phase": PHASE_INIT, INIT_KEY: self.init}
             return [(client, FitIns(ndarrays_to_parameters([]), {**config, **init})) for client in clients]
-        config.update(phase=PHASE_TRAIN, **{FINAL_KEY: server_round >= self.cfg.num_rounds})
+        if self.refining:
+            ins = FitIns(ndarrays_to_parameters([self.centres]), {**config, "phase": PHASE_LLOYD})
+            return [(client, ins) for client in clients]
+        config.update(phase=PHASE_TRAIN, **{FINAL_KEY: server_round >= self.total_rounds})
         instructions = []
         for client in clients:
             # with centre labels a client needs no model: it builds the public one from the run seed
@@ -132,6 +152,9 @@ class FSTCStrategy(ClusteringStrategy):
                 return self.privacy.moments_spec()
             return [ArraySpec("centres", (None, None)), ArraySpec("counts", (None,), "i")]
         k, dim = self.centres.shape
+        if self.refining:
+            spec = [ArraySpec("sums", (k, dim)), ArraySpec("counts", (k,), "i")]
+            return self.privacy.expected(spec, self.reply_modes(server_round))
         spec = [ArraySpec("counts", (k,), "i")]
         if self.align:
             spec.insert(0, ArraySpec("centres", (k, dim)))
@@ -140,7 +163,7 @@ class FSTCStrategy(ClusteringStrategy):
         return self.privacy.expected(spec, self.reply_modes(server_round))
 
     def final_round(self, server_round: int) -> bool:
-        return server_round >= self.cfg.num_rounds and self.schema is not None
+        return server_round >= self.total_rounds and self.schema is not None
 
     def model_in_reply(self, server_round: int) -> bool:
         """The clients send their model this round: the last one, unless DP labels by centres."""
@@ -150,6 +173,8 @@ class FSTCStrategy(ClusteringStrategy):
         """`fedapp.privacy.secagg` modes of this round's reply (moments: n-weighted means)."""
         if self.centres is None:
             return [MEAN, MEAN]
+        if self.refining:
+            return [SUM, SUM]
         dtypes = [t.dtype for t in self.schema.tensors] if self.model_in_reply(server_round) else []  # type: ignore[union-attr]
         return train_modes(self.align, dtypes)
 
@@ -188,8 +213,10 @@ class FSTCStrategy(ClusteringStrategy):
         replies = self.privacy.intake(server_round, replies, modes, dtypes)
         if self.centres is None:
             return self.initialise(replies)
+        if self.refining:
+            return self.lloyd_step(replies)
         self.has_model.update(reply.partition_id for reply in replies)
-        self.record_training(server_round, replies)
+        self.train_metrics.append(training_row(server_round, replies))
         if self.align:  # Eq. 16 from the federation's totals (noisy totals are summed as they are)
             weighted, total = self.privacy.centre_totals(
                 [r.arrays[0] for r in replies], [r.arrays[1] for r in replies]
@@ -197,7 +224,7 @@ class FSTCStrategy(ClusteringStrategy):
             min_total = max(EMPTY_TOTAL, self.privacy.noise_floor)
             self.centres = centres_from_totals(weighted, total, self.centres, min_total)
             self.note_stale_centres(server_round, total >= min_total)
-        if server_round < self.cfg.num_rounds:
+        if server_round < self.total_rounds:
             return ndarrays_to_parameters([self.centres])
         if self.centre_labels:
             assert self.initial_model is not None
@@ -212,6 +239,31 @@ class FSTCStrategy(ClusteringStrategy):
         self.finished, self.stop_reason = True, "final model averaged"
         log(INFO, "FSTC: global model = average of %d client models (Alg. 2 line 12)", len(replies))
         return ndarrays_to_parameters(self.global_model)
+
+    @property
+    def refining(self) -> bool:
+        """This round is a secure Lloyd step on the moments init (`fedapp.methods.fstc.lloyd_rounds`)."""
+        return self.centres is not None and self.lloyd_done < self.lloyd_rounds
+
+    def lloyd_step(self, replies: list[ClientReply]) -> Parameters:
+        """C̃_k = (sum of the records nearest C̃_k) / (their count), from SecAgg+'s totals in the initial
+        representation space; a cluster with under half a record keeps its centre."""
+        assert self.centres is not None
+        sums, counts = self.privacy.centre_totals(
+            [r.arrays[0] for r in replies], [r.arrays[1] for r in replies]
+        )
+        self.centres = centres_from_totals(sums, counts, self.centres, EMPTY_TOTAL)
+        self.lloyd_done += 1
+        held = int((counts >= EMPTY_TOTAL).sum())
+        log(
+            INFO,
+            "FSTC: secure Lloyd step %d of %d (%d of %d clusters hold records)",
+            self.lloyd_done,
+            self.lloyd_rounds,
+            held,
+            self.k,
+        )
+        return ndarrays_to_parameters([self.centres])
 
     def secure_dtypes(self, server_round: int) -> list[str | None]:
         """Dtypes the secure average is cast back to: float64 sums, the model's own dtypes."""
@@ -277,26 +329,9 @@ class FSTCStrategy(ClusteringStrategy):
         stale = int((~np.asarray(updated, dtype=bool)).sum())
         if self.train_metrics and self.train_metrics[-1].get("round") == server_round:
             self.train_metrics[-1]["stale-centres"] = float(stale)
-        if stale and server_round >= self.cfg.num_rounds:
+        if stale and server_round >= self.total_rounds:
             why = self.privacy.empty_cluster_reason(self.privacy.floor_size)
             self.warn(f"{stale} of {len(updated)} global centres got no update in the last round: {why}")
-
-    def record_training(self, server_round: int, replies: list[ClientReply]) -> None:
-        """Mean of the clients' training metrics (losses, kept fraction, Sinkhorn iterations) per round."""
-        keys = sorted(
-            {
-                key
-                for r in replies
-                for key, value in r.metrics.items()
-                if key.startswith(("train-", "sinkhorn"))
-            }
-        )
-        row: dict[str, float] = {"round": server_round}
-        for key in keys:
-            values = [float(r.metrics[key]) for r in replies if isinstance(r.metrics.get(key), int | float)]
-            if values:
-                row[key] = float(np.mean(values))
-        self.train_metrics.append(row)
 
     # ------------------------------------------------------------------------------- evaluation
     def should_evaluate(self, server_round: int) -> bool:

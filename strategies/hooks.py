@@ -85,7 +85,7 @@ class StrategyHooks:
         """Run-config `eval-every`, plus the last round and the round the method stops in."""
         return (
             self.finished
-            or server_round >= self.cfg.num_rounds
+            or server_round >= self.total_rounds
             or server_round % self.cfg.evaluation_interval == 0
         )
 

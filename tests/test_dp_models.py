@@ -16,7 +16,7 @@ import pytest
 
 import fedapp.privacy.dp
 import fedapp.privacy.uplink
-from clients.fstc import dp_centre_statistics, private_model
+from clients.fstc import centre_statistics, private_model
 from fedapp.config.run import parse_run_config
 from fedapp.launch.resolve import build_overrides
 from fedapp.methods import method_spec
@@ -34,8 +34,8 @@ def test_one_huge_record_moves_fstc_statistics_by_at_most_the_sensitivity() -> N
     records, centres = rng.normal(size=(50, 6)), rng.normal(size=(4, 6))
     huge = np.full((1, 6), 1e9)
     clip = 0.5
-    without = dp_centre_statistics(clip_rows(records, clip), centres)
-    with_huge = dp_centre_statistics(clip_rows(np.vstack([records, huge]), clip), centres)
+    without = centre_statistics(clip_rows(records, clip), centres)
+    with_huge = centre_statistics(clip_rows(np.vstack([records, huge]), clip), centres)
     change = math.sqrt(sum(float(np.square(a - b).sum()) for a, b in zip(with_huge, without, strict=True)))
     assert 0 < change <= math.sqrt(clip**2 + 1) + 1e-9
     assert with_huge[1].sum() == 51  # every record counts once, for one cluster

@@ -18,13 +18,23 @@ from unittest.mock import MagicMock
 
 import numpy as np
 import pytest
-from flwr.common import Array, ArrayRecord, Code, FitRes, RecordDict, Status, ndarrays_to_parameters
+from flwr.common import (
+    Array,
+    ArrayRecord,
+    Code,
+    FitRes,
+    RecordDict,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
 from fedapp.app.server_loop import WIRE_BYTES_FILE, CountingGrid
 from fedapp.launch.resolve import build_overrides
 from fedapp.maths.clustering import centres_from_moments
 from fedapp.maths.fstc import aggregate_centres
+from fedapp.methods.fstc import FINAL_KEY, PHASE_LLOYD, PHASE_TRAIN, FSTCConfig
 from fedapp.privacy.secagg import (
     CLEAR,
     CLEAR_KEY,
@@ -42,7 +52,7 @@ from fedapp.privacy.secagg import (
 from fedapp.wire import ArraySpec, ReplyError
 from simulation.runner import execute
 from strategies.fstc import FSTCStrategy, centres_from_totals
-from tests.flower_mocks import mock_proxy
+from tests.flower_mocks import mock_manager, mock_proxy
 from tests.strategy_configs import fstc_config
 
 CLIP, MAX_WEIGHT = 8.0, 1000.0
@@ -59,6 +69,7 @@ FSTC_SECURE_KEYS = {
     "fstc.batch-size": 50,
     "fstc.warmup-iters": 5,
     "fstc.label-updates": 2,
+    "fstc.secure-lloyd": 0,  # the same rounds as the plain moments run (the Lloyd steps: tested below)
     # tiny data makes the run chaotic (one pseudo-label flipped by noise changes the rest), so keep
     # SecAgg+'s noise small: representations are near unit norm, a client holds <= 200 texts
     "secagg-clip": 2.0,
@@ -162,8 +173,9 @@ def secure_results(
     ]
 
 
-def fstc_strategy(tmp_path: Path) -> FSTCStrategy:
-    return FSTCStrategy(fstc_config(tmp_path, secagg=True, **{"secagg-max-weight": MAX_WEIGHT}))
+def fstc_strategy(tmp_path: Path, lloyd: int = 0) -> FSTCStrategy:
+    keys = {"secagg-max-weight": MAX_WEIGHT, "fstc.secure-lloyd": lloyd}
+    return FSTCStrategy(fstc_config(tmp_path, secagg=True, **keys))
 
 
 def test_fstc_strategy_applies_eq16_to_secure_sums(tmp_path: Path) -> None:
@@ -193,6 +205,36 @@ def test_fstc_strategy_applies_eq16_to_secure_sums(tmp_path: Path) -> None:
     np.testing.assert_allclose(strategy.centres, plain, atol=1e-3)
     np.testing.assert_array_equal(strategy.centres[2], previous[2])
     assert centres_from_totals(np.ones((1, 2)), np.array([0.4]), np.zeros((1, 2))).tolist() == [[0.0, 0.0]]
+
+
+def test_fstc_secure_lloyd_steps_move_the_moments_init_to_the_pooled_cluster_means(tmp_path: Path) -> None:
+    """Rounds 2 .. 1 + secure-lloyd are Lloyd steps on secure per-cluster sums, added to the run's rounds;
+    training (and the final model) follow them."""
+    rng = np.random.default_rng(5)
+    strategy = fstc_strategy(tmp_path, lloyd=2)
+    assert strategy.lloyd_rounds == 2 and strategy.total_rounds == strategy.cfg.num_rounds + 2
+    sizes = [30, 50, 20]
+    data = [rng.normal(size=(n, 2)) for n in sizes]
+    moments = [[x.mean(0), (x**2).mean(0)] for x in data]
+    strategy.aggregate_fit(1, secure_results(moments, sizes, [MEAN, MEAN]), [])
+    manager = mock_manager(["c0", "c1", "c2"])
+    for server_round in (2, 3):
+        (_, ins), *_ = strategy.configure_fit(server_round, ndarrays_to_parameters([]), manager)
+        assert ins.config["phase"] == PHASE_LLOYD and strategy.refining
+        centres = parameters_to_ndarrays(ins.parameters)[0]
+        np.testing.assert_array_equal(centres, strategy.centres)
+        labels = [np.argmin(((x[:, None] - centres[None]) ** 2).sum(-1), axis=1) for x in data]
+        stats = [
+            [np.stack([x[y == c].sum(0) for c in range(3)]), np.bincount(y, minlength=3)]
+            for x, y in zip(data, labels, strict=True)
+        ]
+        strategy.aggregate_fit(server_round, secure_results(stats, sizes, [SUM, SUM]), [])
+        pooled_x, pooled_y = np.concatenate(data), np.concatenate(labels)
+        expected = np.stack([pooled_x[pooled_y == c].mean(0) for c in range(3)])
+        np.testing.assert_allclose(strategy.centres, expected, atol=1e-3)
+    assert strategy.lloyd_done == 2 and not strategy.refining
+    (_, ins), *_ = strategy.configure_fit(4, ndarrays_to_parameters([]), manager)
+    assert ins.config["phase"] == PHASE_TRAIN and not ins.config[FINAL_KEY]
 
 
 def test_fstc_strategy_skips_a_secure_round_with_a_rejected_client(tmp_path: Path) -> None:
@@ -243,6 +285,26 @@ def test_fstc_under_secagg_matches_the_plain_run(tmp_path: Path) -> None:
     plain_fit = wire_bytes(tmp_path / "plain")["2"]["train"]
     secure_fit = wire_bytes(tmp_path / "secure")["2"]["train"]
     assert secure_fit["messages"] == 4 * plain_fit["messages"]
+
+
+@pytest.mark.usefixtures("text_embedding_cache")
+def test_fstc_under_secagg_with_default_keys_clusters_as_well_as_the_plain_run(tmp_path: Path) -> None:
+    """Default keys: plain FSTC starts from local k-means centres, the secure run from the moments plus
+    secure Lloyd steps (rounds of their own), then both train num-rounds - 1 rounds (issue: 0.19 vs 1.00)."""
+    keys = {"method": "fstc", "dataset": "texts-demo", "num-clients": 3, "num-rounds": 6, "seed": 0}
+    plain = execute(
+        build_overrides({**keys, "secagg": False}, tmp_path / "plain"), engine="inprocess", quiet=True
+    )
+    secure = execute(
+        build_overrides({**keys, "secagg": True}, tmp_path / "secure"), engine="flwr", quiet=True
+    )
+    assert plain["fstc"]["init"] == "centres" and secure["fstc"]["init"] == "moments"
+    assert secure["status"] == "converged" and secure.get("secagg_clipped", 0) == 0
+    lloyd = FSTCConfig().secure_lloyd
+    assert secure["rounds"] == plain["rounds"] + lloyd == 6 + lloyd
+    assert len(secure["fstc"]["train_per_round"]) == len(plain["fstc"]["train_per_round"]) == 5
+    assert secure["metrics"]["nmi"] == pytest.approx(plain["metrics"]["nmi"], abs=0.02)
+    assert plain["metrics"]["nmi"] > 0.9
 
 
 def test_gfedntm_under_secagg_matches_the_plain_run(tmp_path: Path) -> None:

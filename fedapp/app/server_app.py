@@ -47,7 +47,7 @@ def server_components(cfg: RunConfig) -> ServerAppComponents:
         strategy.out_dir.resolve(),
     )
     server = FedappServer(client_manager=SimpleClientManager(), strategy=strategy)
-    config = ServerConfig(num_rounds=cfg.num_rounds, round_timeout=cfg.round_timeout or None)
+    config = ServerConfig(num_rounds=strategy.total_rounds, round_timeout=cfg.round_timeout or None)
     return ServerAppComponents(server=server, config=config)
 
 
