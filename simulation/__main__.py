@@ -84,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run", action="store_true", help="check the whole configuration, data included; start nothing"
     )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out holds an earlier run's outputs: remove them first (only files fedapp writes)",
+    )
 
     experiment = sub.add_parser("experiment", help="run a TOML experiment file, write a markdown table")
     experiment.add_argument("file", type=path_argument)
@@ -95,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="reuse runs whose directory holds a finished summary of the same config",
+    )
+    experiment.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="run again the runs whose folder holds earlier outputs (only files fedapp writes are removed)",
     )
     experiment.add_argument(
         "--only", action="append", metavar="LABEL", help="run only this label (repeatable)"
@@ -210,10 +220,10 @@ def _command(args: argparse.Namespace) -> int:
         resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
         run = build_overrides(base, args.out)  # the run's configuration, resolved once
         if args.dry_run:
-            cfg = validate(run, args.engine, resources, dry_run=True)
+            cfg = validate(run, args.engine, resources, dry_run=True, overwrite=args.overwrite)
             print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
             return 0
-        summary = execute(run, args.engine, resources=resources)
+        summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)
         print()
         print(format_metrics_table([summary]))
         print(f"\nwrote {args.out / 'summary.json'}")
@@ -225,11 +235,12 @@ def _command(args: argparse.Namespace) -> int:
             experiment = dataclasses.replace(experiment, seeds=list(args.seeds))
         out_root = args.out or Path("results") / experiment.name
         only = set(args.only) if args.only else None
+        reuse = {"resume": args.resume, "overwrite": args.overwrite}
         if args.dry_run:
-            count = check_experiment(experiment, out_root, engine=args.engine, only=only)
+            count = check_experiment(experiment, out_root, engine=args.engine, only=only, **reuse)
             print(f"dry run: {count} run(s) of '{experiment.name}': configuration and data OK")
             return 0
-        run_experiment(experiment, out_root, engine=args.engine, resume=args.resume, only=only)
+        run_experiment(experiment, out_root, engine=args.engine, only=only, **reuse)
         print((out_root / "table.md").read_text())
         print(f"wrote {out_root / 'table.md'}")
     return 0
