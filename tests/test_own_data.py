@@ -93,7 +93,7 @@ def test_the_node_out_dir_key_moves_the_assignments(tmp_path: Path) -> None:
     _run(tmp_path / "run", method="kfed", dataset=spec, k=3, **{"node-out-dir": str(target)})
     for site in range(SITES):
         ids, _, _ = read_assignments(tmp_path / "elsewhere" / f"site{site}" / "assignments.csv")
-        assert ids[0] == "0"  # no id-column: row numbers
+        assert ids[0] == f"{site}-000"  # no id-column: the table's `id` column
 
 
 def test_a_single_own_file_is_partitioned_like_a_benchmark(tmp_path: Path) -> None:
