@@ -32,6 +32,7 @@ from deploy.secure import make_certificates, make_node_keys  # noqa: E402
 from fedapp.config.run import PROJECT_ROOT  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
 from fedapp.launch.options import ClientResources, merge_flags, parse_set_options, path_argument  # noqa: E402
+from fedapp.launch.outputs import check_outputs, clear_outputs  # noqa: E402
 from fedapp.launch.presets import apply_preset  # noqa: E402
 from fedapp.launch.processes import (  # noqa: E402
     RUN_TOKEN_ENV,
@@ -234,6 +235,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         action="store_true",
         help="check the configuration (and, without --node-data, the data); start nothing",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out holds an earlier run's outputs: remove them first (only files fedapp writes)",
+    )
     args = parser.parse_args(argv)
     if args.node_data and not has_placeholder(args.node_data):
         print(
@@ -251,11 +257,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         base = {**DEFAULTS, **merge_flags(flags, parse_set_options(args.set), args.out)}
         run = build_overrides(apply_preset(args.preset, base), args.out)  # resolved once
         node_data = absolute_spec(args.node_data) if args.node_data else None
-        if args.dry_run:  # the nodes' own files are theirs to check; a shared dataset is checked here
-            if node_data is None:
-                validate(run, "flwr", ClientResources(), dry_run=True)
+        if node_data is None:  # a shared dataset is checked here, as by `fedapp run`
+            validate(run, "flwr", ClientResources(), dry_run=args.dry_run, overwrite=args.overwrite)
+        else:  # the nodes' own files are theirs to check (as on real machines); the output folder is ours
+            check_outputs(run.config, overwrite=args.overwrite)
+        if args.dry_run:
             print(f"dry run: {run.config.method} on {run.config.num_clients} SuperNodes: configuration OK")
             return 0
+        if args.overwrite:
+            clear_outputs(run.config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

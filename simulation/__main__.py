@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import shutil
 import sys
 from pathlib import Path
 
-from fedapp.config.run import DEVICES, ConfigError
+from fedapp.config.run import DEVICES, PARTITIONS, ConfigError
 from fedapp.datasets import DatasetError, dataset_infos
 from fedapp.launch.options import (
     DEFAULT_CPUS_PER_CLIENT,
@@ -52,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--clients", type=int, help="number of clients (SuperNodes)")
     run.add_argument("--rounds", type=int, help="number of rounds")
     run.add_argument("--seed", type=int, help="run seed")
-    run.add_argument("--partition", help="iid | p-hetero | size-ratio | dirichlet | vertical")
+    run.add_argument(
+        "--partition", help=f"{' | '.join(PARTITIONS)} (auto: vertical for vertical methods, else iid)"
+    )
     run.add_argument("--data-dir", help="dataset directory (default: $FEDAPP_DATA_DIR or ../shared/data)")
     run.add_argument("--device", choices=DEVICES, help="torch device for the clients (default auto)")
     run.add_argument(
@@ -84,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run", action="store_true", help="check the whole configuration, data included; start nothing"
     )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out holds an earlier run's outputs: remove them first (only files fedapp writes)",
+    )
 
     experiment = sub.add_parser("experiment", help="run a TOML experiment file, write a markdown table")
     experiment.add_argument("file", type=path_argument)
@@ -95,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="reuse runs whose directory holds a finished summary of the same config",
+    )
+    experiment.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="run again the runs whose folder holds earlier outputs (only files fedapp writes are removed)",
     )
     experiment.add_argument(
         "--only", action="append", metavar="LABEL", help="run only this label (repeatable)"
@@ -135,7 +148,26 @@ def _parser() -> argparse.ArgumentParser:
         help="stop the simulation SuperLink a plain `flwr run` left running (this user, this FLWR_HOME)",
     )
     stop.add_argument("--flwr-home", type=path_argument, help="default: $FLWR_HOME, else ~/.flwr")
+    for command_parser in sub.choices.values():  # its own usage for its own bad flags (parse_arguments)
+        command_parser.set_defaults(command_parser=command_parser)
     return parser
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Like `parse_args`, but an unknown flag after a command is that command's error: its usage and the
+    one flag (with the nearest valid one), not the top-level usage argparse would print."""
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    bad = next((extra for extra in extras if extra.startswith("-")), extras[0])
+    command_parser = getattr(args, "command_parser", parser)
+    if argv.index(bad) < argv.index(args.command):  # before the command: a top-level flag
+        command_parser = parser
+    known = [option for action in command_parser._actions for option in action.option_strings]
+    nearest = difflib.get_close_matches(bad.split("=")[0], known, n=1, cutoff=0.8)
+    command_parser.error(
+        f"unrecognized argument: {bad}" + (f" (did you mean {nearest[0]}?)" if nearest else "")
+    )
 
 
 def _stop_local_superlinks(flwr_home: Path | None) -> int:
@@ -157,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         from deploy.run_local import main as deploy_main
 
         return deploy_main(argv[1:], prog=f"{_prog()} deploy")
-    args = _parser().parse_args(argv)
+    args = parse_arguments(_parser(), argv)
     try:
         with interruptible():
             return _command(args)
@@ -210,10 +242,10 @@ def _command(args: argparse.Namespace) -> int:
         resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
         run = build_overrides(base, args.out)  # the run's configuration, resolved once
         if args.dry_run:
-            cfg = validate(run, args.engine, resources, dry_run=True)
+            cfg = validate(run, args.engine, resources, dry_run=True, overwrite=args.overwrite)
             print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
             return 0
-        summary = execute(run, args.engine, resources=resources)
+        summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)
         print()
         print(format_metrics_table([summary]))
         print(f"\nwrote {args.out / 'summary.json'}")
@@ -225,11 +257,12 @@ def _command(args: argparse.Namespace) -> int:
             experiment = dataclasses.replace(experiment, seeds=list(args.seeds))
         out_root = args.out or Path("results") / experiment.name
         only = set(args.only) if args.only else None
+        reuse = {"resume": args.resume, "overwrite": args.overwrite}
         if args.dry_run:
-            count = check_experiment(experiment, out_root, engine=args.engine, only=only)
+            count = check_experiment(experiment, out_root, engine=args.engine, only=only, **reuse)
             print(f"dry run: {count} run(s) of '{experiment.name}': configuration and data OK")
             return 0
-        run_experiment(experiment, out_root, engine=args.engine, resume=args.resume, only=only)
+        run_experiment(experiment, out_root, engine=args.engine, only=only, **reuse)
         print((out_root / "table.md").read_text())
         print(f"wrote {out_root / 'table.md'}")
     return 0

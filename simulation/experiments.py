@@ -34,6 +34,7 @@ from flwr.common.config import flatten_dict
 
 from fedapp.config.run import ConfigError, parse_run_config
 from fedapp.launch.options import ClientResources
+from fedapp.launch.outputs import describe, earlier_outputs
 from fedapp.launch.presets import apply_preset
 from fedapp.launch.resolve import ResolvedRun, build_overrides, validate
 from simulation.runner import RunError, execute
@@ -137,12 +138,44 @@ def finished_runs(experiment: Experiment, spec: RunSpec, out_root: Path) -> list
     return summaries
 
 
+def check_fresh_runs(experiment: Experiment, out_root: Path, only: set[str] | None) -> None:
+    """Run folders holding an earlier sweep's outputs would mix two sweeps: refused (one line) before
+    the first run, unless the caller reuses them (`--resume`) or replaces them (`--overwrite`)."""
+    for spec in experiment.runs:
+        if only and spec.label not in only:
+            continue
+        for seed in experiment.seeds:
+            if not run_dir(out_root, spec.label, seed).exists():
+                continue  # never run: skip resolving its overrides (a vertical method reads its data)
+            out_dir, run = seed_run(spec, seed, out_root)
+            if found := earlier_outputs(run.config):
+                raise ExperimentError(
+                    f"run '{spec.label}' seed {seed}: {out_dir} holds an earlier run's outputs "
+                    f"({describe(found, out_dir)}): add --resume to reuse the finished runs, --overwrite to "
+                    "run them again (only fedapp's own files are removed), or choose another --out"
+                )
+
+
+def clears(run: ResolvedRun, *, resume: bool, overwrite: bool) -> bool:
+    """Whether a run of this sweep that is not reused starts from a cleared directory: with --resume or
+    --overwrite its directory is the sweep's own (a run that resumes its own checkpoint keeps it)."""
+    return (resume or overwrite) and not run.config.resume
+
+
 def check_experiment(
-    experiment: Experiment, out_root: Path, *, engine: str | None = None, only: set[str] | None = None
+    experiment: Experiment,
+    out_root: Path,
+    *,
+    engine: str | None = None,
+    only: set[str] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> int:
     """A dry run: every run x seed's configuration and data checked, nothing run; returns the count."""
     if only and (unknown := sorted(only - {spec.label for spec in experiment.runs})):
         raise ExperimentError(f"--only {unknown[0]!r}: no run with that label in '{experiment.name}'")
+    if not (resume or overwrite):
+        check_fresh_runs(experiment, out_root, only)
     count = 0
     for spec in experiment.runs:
         if only and spec.label not in only:
@@ -150,7 +183,8 @@ def check_experiment(
         for seed in experiment.seeds:
             _, run = seed_run(spec, seed, out_root)
             try:
-                validate(run, engine or experiment.engine, ClientResources(), dry_run=True)
+                clear = clears(run, resume=resume, overwrite=overwrite)
+                validate(run, engine or experiment.engine, ClientResources(), dry_run=True, overwrite=clear)
             except ValueError as exc:
                 raise ExperimentError(f"run '{spec.label}' seed {seed}: {exc}") from None
             count += 1
@@ -165,16 +199,22 @@ def run_experiment(
     resume: bool = False,
     only: set[str] | None = None,
     progress: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Execute every run x seed; returns label -> list of summaries. Writes table.md and results.json.
 
     `resume`: a run x seed whose directory already holds a finished summary of the same configuration is
-    reused, so a sweep of hour-long runs can be interrupted and restarted. `only`: run these labels
-    alone; with `resume` the table and results.json still list every other label whose runs are all
-    finished for these seeds, so a sweep run a label at a time ends with one whole table.
+    reused, so a sweep of hour-long runs can be interrupted and restarted; any other run's directory is
+    cleared of its earlier outputs and run again. `overwrite`: every run runs again, into a cleared
+    directory. Without either, run directories holding earlier outputs are refused before the first
+    run. `only`: run these labels alone; with `resume` the table and results.json still list every other
+    label whose runs are all finished for these seeds, so a sweep run a label at a time ends with one
+    whole table.
     """
     if only and (unknown := sorted(only - {spec.label for spec in experiment.runs})):
         raise ExperimentError(f"--only {unknown[0]!r}: no run with that label in '{experiment.name}'")
+    if not (resume or overwrite):
+        check_fresh_runs(experiment, out_root, only)
     results: dict[str, list[dict[str, Any]]] = {}
     for spec in experiment.runs:
         if only and spec.label not in only:
@@ -186,7 +226,8 @@ def run_experiment(
             summary = finished_summary(out_dir, run) if resume else None
             reused = summary is not None
             if summary is None:
-                summary = execute(run, engine or experiment.engine, quiet=True)
+                clear = clears(run, resume=resume, overwrite=overwrite)
+                summary = execute(run, engine or experiment.engine, quiet=True, overwrite=clear)
             if summary.get("status") == "failed":
                 raise RunError(f"run '{spec.label}' seed {seed} failed: {summary.get('status_reason')}")
             results.setdefault(spec.label, []).append(summary)

@@ -23,6 +23,7 @@ import tomli_w
 
 from fedapp.config.run import PROJECT_ROOT
 from fedapp.launch.options import ClientResources
+from fedapp.launch.outputs import clear_outputs
 from fedapp.launch.processes import (
     RUN_TOKEN_ENV,
     ProcessError,
@@ -54,16 +55,20 @@ def execute(
     *,
     quiet: bool = False,
     resources: ClientResources | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Validate, run, and return the parsed summary.json.
 
     The terminal gets one line per round (unless `quiet`); everything Flower prints goes to
-    `<out-dir>/flower.log`.
+    `<out-dir>/flower.log`. `overwrite`: an earlier run's outputs in the folder are removed first
+    (`fedapp.launch.outputs`); without it (or `resume`) such a folder is refused.
     """
     import json
 
     resources = resources or ClientResources()
-    cfg = validate(run, engine, resources)
+    cfg = validate(run, engine, resources, overwrite=overwrite)
+    if overwrite:
+        clear_outputs(cfg)
     out_dir = Path(cfg.out_dir)
     summary_path = out_dir / "summary.json"
     if summary_path.exists():

@@ -298,8 +298,7 @@ class CeFMCStrategy(VerticalStrategy):
             return [ArraySpec("H_v", (self.n_samples, self.k))]
         return [ArraySpec("y_v", (self.n_samples,), "i")]
 
-    def check_reply(self, server_round: int, reply: ClientReply) -> None:
-        super().check_reply(server_round, reply)
+    def check_view_reply(self, server_round: int, reply: ClientReply) -> None:
         objective = reply.metrics.get("objective")
         if self.C is not None and not (isinstance(objective, float) and math.isfinite(objective)):
             raise ReplyError(f"metrics need a finite float 'objective' (obj_v, Eq. 30), got {objective!r}")

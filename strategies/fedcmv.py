@@ -122,7 +122,7 @@ class FedCMvStrategy(VerticalStrategy):
     def reply_spec(self, server_round: int) -> list[ArraySpec]:
         return [ArraySpec("partial distances", (self.n_samples, self.k))]
 
-    def check_reply(self, server_round: int, reply: ClientReply) -> None:
+    def check_view_reply(self, server_round: int, reply: ClientReply) -> None:
         if (reply.arrays[0] < 0).any():
             raise ReplyError("negative squared distances")
 

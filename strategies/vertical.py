@@ -36,7 +36,8 @@ def has_converged(previous_objective: float | None, objective: float, delta: flo
 
 
 class VerticalStrategy(ClusteringStrategy):
-    """Subclasses implement `initialised`, `view_payload`, `reply_spec` and `aggregate_views`."""
+    """Subclasses implement `initialised`, `view_payload`, `reply_spec` and `aggregate_views`, and check
+    their replies in `check_view_reply` (not `check_reply`, which also sees the alignment round)."""
 
     refuse_duplicate_partitions = False  # two replies for one view: `aggregate` keeps the first and says so
 
@@ -174,14 +175,23 @@ class VerticalStrategy(ClusteringStrategy):
         return consistent_replies(replies, server_round, axis=0) if self.n_samples is None else replies
 
     def check_reply(self, server_round: int, reply: ClientReply) -> None:
+        """Every reply names a view of this federation. The alignment round's id hashes belong to this
+        glue (`expected_arrays` checked them, `align` intersects them): only replies to the method's own
+        messages reach its `check_view_reply`, so a method never meets an array of hex strings."""
         n_views = self.n_views or self.roster.clients_seen
         if not 0 <= reply.partition_id < n_views:
             raise ReplyError(
                 f"partition-id {reply.partition_id} is not a view of this federation (0..{n_views - 1})"
             )
+        if self.aligning:
+            return
         for array in reply.arrays:
             if array.dtype.kind in "iu" and array.size and (array.min() < 0 or array.max() >= (self.k or 0)):
                 raise ReplyError(f"labels outside [0, {self.k})")
+        self.check_view_reply(server_round, reply)
+
+    def check_view_reply(self, server_round: int, reply: ClientReply) -> None:
+        """The method's own checks of a reply to its messages (never the alignment round's hashes)."""
 
     def align(self, replies: list[ClientReply]) -> None:
         """Intersect the parties' id hashes (`fedapp.privacy.alignment`); a tiny overlap stops the run."""

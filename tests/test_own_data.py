@@ -14,13 +14,16 @@ import pytest
 from PIL import Image
 from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score
 
+from fedapp.app.client_app import client_fn
+from fedapp.app.inprocess import run_inprocess
+from fedapp.app.server_app import server_fn
 from fedapp.datasets import load_dataset
 from fedapp.launch.resolve import build_overrides
 from fedapp.metrics.contingency import clustering_metrics, contingency_table
 from fedapp.report.assignments import read_assignments
 from simulation.__main__ import main
 from simulation.predict import predict
-from simulation.runner import execute
+from simulation.runner import execute, flower_log_to_file
 from tests.own_files import write_text_sites
 from tests.synthetic_images import class_images
 
@@ -90,7 +93,7 @@ def test_the_node_out_dir_key_moves_the_assignments(tmp_path: Path) -> None:
     _run(tmp_path / "run", method="kfed", dataset=spec, k=3, **{"node-out-dir": str(target)})
     for site in range(SITES):
         ids, _, _ = read_assignments(tmp_path / "elsewhere" / f"site{site}" / "assignments.csv")
-        assert ids[0] == "0"  # no id-column: row numbers
+        assert ids[0] == f"{site}-000"  # no id-column: the table's `id` column
 
 
 def test_a_single_own_file_is_partitioned_like_a_benchmark(tmp_path: Path) -> None:
@@ -225,19 +228,35 @@ def test_cefmc_aligns_shuffled_id_keyed_views_by_keyed_hash(tmp_path: Path) -> N
         predict(out, f"csv:{tmp_path}/view-0.csv", tmp_path / "no.csv")
 
 
-def test_parties_with_different_id_keys_share_nothing_and_the_run_says_so(tmp_path: Path) -> None:
+def test_parties_that_share_no_ids_are_refused_before_the_run_and_stopped_in_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rng = np.random.default_rng(0)
     for party in range(2):
         frame = pd.DataFrame(rng.normal(size=(30, 3)), columns=["a", "b", "c"])
         frame.insert(0, "pid", [f"{'x' if party else 'y'}{i}" for i in range(30)])  # disjoint ids
         frame.to_csv(tmp_path / f"view-{party}.csv", index=False)
-    summary = _run(
-        tmp_path / "run",
-        method="cefmc",
-        dataset=f"csv:{tmp_path}/view-{{partition-id}}.csv",
-        k=3,
-        **{"num-clients": 2, "id-column": "pid"},
-    )
+    spec = f"csv:{tmp_path}/view-{{partition-id}}.csv"
+    flags = [
+        "--method",
+        "cefmc",
+        "--dataset",
+        spec,
+        "--clients",
+        "2",
+        "--set",
+        "k=3",
+        "--set",
+        "id-column=pid",
+    ]
+    err = _refused(tmp_path, capsys, *flags)  # the files are local: the check before the run sees it
+    assert "share only 0 record ids (party 0: 30 ids, party 1: 30 ids)" in err
+    # in a deployment the nodes' own id-keys can make equal ids unequal hashes: the alignment round stops
+    base = {"method": "cefmc", "dataset": spec, "k": 3, "num-clients": 2, "id-column": "pid"}
+    run = build_overrides(base, tmp_path / "run")
+    with flower_log_to_file(tmp_path / "flower.log", quiet=True):
+        run_inprocess(server_fn, client_fn, run, 2)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert "share only 0 record ids (party 0: 30 ids, party 1: 30 ids)" in summary["status_reason"]
 

@@ -1,8 +1,10 @@
 """Checks that need the data, run before any Flower process starts (the runner and the deploy script).
 
 `parse_run_config` checks keys alone; this module checks the run they describe: the dataset's files load
-and parse, the partition exists for this many clients, every client holds at least k samples, and the
-output directory is writable. Each failure is one line naming the input and what to change, in seconds,
+and parse, the partition exists for this many clients, every client holds at least k samples and at least
+the privacy floor where its method's clients refuse below it, their local centres can reach k
+(`fedapp.app.floor_rules`), vertical parties' own files share enough ids, and the output directory is
+writable. Each failure is one line naming the input and what to change, in seconds,
 instead of a Ray start-up and thousands of log lines later (or a client error repeated every round).
 """
 
@@ -10,15 +12,35 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from fedapp.app.checkpoint import checkpoint_dir
+from fedapp.app.floor_rules import FloorRule, floor_rule, run_floor
 from fedapp.config.run import ConfigError, RunConfig
 from fedapp.datasets import Dataset, DatasetError, has_placeholder
 from fedapp.datasets.local import load_run_dataset, views_of
 from fedapp.datasets.partition import partition_indices
 from fedapp.methods import method_spec
+from fedapp.privacy.alignment import AlignmentError, intersect
 from fedapp.privacy.plan import check_delta
+
+LISTED_SITES = 8  # per-client figures in a message beyond this many are cut (messages stay one line)
+
+
+@dataclass(frozen=True)
+class Site:
+    """One client's data as the checks see it: its partition id, where its records come from, how many."""
+
+    partition_id: int
+    source: str  # its file, or the partition that gives it its records
+    records: int
+
+    def holds(self) -> str:
+        return f"client {self.partition_id}: {self.source} holds {self.records} records"
 
 
 def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
@@ -72,6 +94,8 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
             f"'{cfg.partition}' with {num_clients} clients (sizes {min(sizes)}..{max(sizes)}): use fewer "
             "clients, a smaller k, or another partition"
         )
+    source = f"partition '{cfg.partition}' of {cfg.dataset} ({num_clients} clients)"
+    check_floor(cfg, [Site(i, source, size) for i, size in enumerate(sizes)], k)
 
 
 def check_own_files(cfg: RunConfig, num_clients: int) -> None:
@@ -100,8 +124,10 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
                 f"client {partition_id}: {data.name}: vertical parties align by id: set id-column"
             )
     if vertical:
+        check_shared_ids(files, k)
         return
     check_delta(cfg, [data.n_samples for data in files])
+    check_floor(cfg, [Site(i, data.name, data.n_samples) for i, data in enumerate(files)], k)
     widths = {
         i: data.image_shape or data.features.shape[1]
         for i, data in enumerate(files)
@@ -114,6 +140,61 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
             f"client {odd}: {files[odd].name} has shape {widths[odd]} per record, client "
             f"{first}'s file {widths[first]}: every node needs the same feature columns / image size"
         )
+
+
+def check_floor(cfg: RunConfig, sites: Sequence[Site], k: int) -> None:
+    """The privacy floor against every site's records, and k against the local centres it lets the
+    clients send (`fedapp.app.floor_rules`), for the floor every client enforces at least."""
+    rule, floor = floor_rule(cfg, k), run_floor(cfg)
+    check_sites_above_floor(sites, rule, floor, cfg.method)
+    check_local_centres(sites, rule, floor, k, cfg.method)
+
+
+def check_sites_above_floor(sites: Sequence[Site], rule: FloorRule, floor: int, method: str) -> None:
+    """A client with fewer records than the floor sends nothing where its method refuses below it: the run
+    would lose that client in its first round (or, one-shot, its only one)."""
+    if not rule.refuses_below_floor:
+        return
+    small = next((site for site in sites if site.records < floor), None)
+    if small is not None:
+        raise ConfigError(
+            f"{small.holds()}, fewer than the privacy floor min-cluster-size={floor}: a {method} client "
+            "that small sends nothing; give it more records or leave it out"
+        )
+
+
+def check_local_centres(sites: Sequence[Site], rule: FloorRule, floor: int, k: int, method: str) -> None:
+    """The server clusters the clients' local centres into k: fewer than k in all (k' <= n // floor per
+    client) and its merge fails, after the rounds it took to collect them."""
+    if not rule.needs_k:
+        return
+    sendable = [rule.sendable(site.records, floor) for site in sites]
+    if sum(sendable) >= k:
+        return
+    figures = " + ".join(str(count) for count in sendable[:LISTED_SITES])
+    figures += " + ..." if len(sendable) > LISTED_SITES else ""
+    per_client = (
+        f"k' <= records // min-cluster-size={floor} per client: {figures}"
+        if rule.capped
+        else f"{rule.asked} per client"
+    )
+    raise ConfigError(
+        f"k={k} clusters but the {len(sites)} {method} clients can send only {sum(sendable)} local centres "
+        f"({per_client}): lower k, or use fewer, larger clients"
+    )
+
+
+def check_shared_ids(files: Sequence[Dataset], k: int) -> None:
+    """Vertical parties' own files line up by id: the ids every party holds must reach k and 10 % of the
+    smallest party's (the rule the alignment round applies to their hashes)."""
+    ids = {
+        party: np.array(data.ids if data.ids is not None else [], dtype=str)
+        for party, data in enumerate(files)
+    }
+    try:
+        intersect(ids, k)
+    except AlignmentError as exc:
+        raise ConfigError(f"{', '.join(data.name for data in files)}: {exc}") from None
 
 
 def check_out_dir(out_dir: Path, *, create: bool = True) -> None:

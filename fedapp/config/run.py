@@ -123,7 +123,9 @@ class RunConfig(ConfigSection):
     label_column: str = config_key(
         "label", doc="own data: the column of labels; optional (absent: unlabelled)"
     )
-    id_column: str = config_key("", doc='own data: the column of record ids; "" -> row numbers')
+    id_column: str = config_key(
+        "", doc='own data: the column of record ids; "" -> a column named id, else row numbers'
+    )
     feature_columns: str = config_key(
         "", doc='own data: comma-separated numeric feature columns; "" -> every numeric column but id/label'
     )

@@ -23,8 +23,8 @@ any other column named in `Columns` must exist, so a typo is an error rather tha
 label columns is a feature: one mostly of numbers (its odd non-number is then an error, not a reason to
 drop the column). Numeric labels (all labels parse as numbers) are remapped in ascending order, others
 are class names in sorted order, as for every dataset. Every row gets an id, as a string: the id column
-read as text (``007`` stays ``007``), the npz ``ids``, the image path relative to DIR, else the row
-number.
+(``id-column``, else a column named ``id``) read as text (``007`` stays ``007``), the npz ``ids``, the
+image path relative to DIR, else the row number.
 
 Every failure is a one-line `DatasetError` that names the file and, where it applies, the row - data rows
 counted from 0, header not counted; "line N" (from 1) for JSONL and for undecodable bytes - and column.
@@ -39,7 +39,8 @@ import math
 import zipfile
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from flwr.common.logger import log
 from PIL import Image
 
 from fedapp.datasets.common import Dataset, DatasetError, build
@@ -84,7 +86,7 @@ class Columns:
 
     text: str = "text"  # its presence makes a table a text set; "" never
     label: str = "label"  # absent under this default name, or "": unlabelled
-    id: str = ""  # "": the row number
+    id: str = ""  # "": the table's `id` column if it has one, else the row number
     features: tuple[str, ...] = ()  # (): every numeric column except id and label
 
     @classmethod
@@ -97,6 +99,7 @@ class Columns:
 
 
 DEFAULT_COLUMNS = Columns()
+DEFAULT_ID_COLUMN = "id"  # a table's ids when id-column is not set (`_with_default_id`)
 
 
 # --------------------------------------------------------------------------- specs and paths
@@ -469,10 +472,27 @@ def _table_texts(table: _Table, column: str) -> list[str]:
     return texts
 
 
+def _with_default_id(table: _Table, columns: Columns) -> Columns:
+    """No id-column set and the table has a column named `id`: its values are the record ids (not row
+    numbers, and not a feature). Said once per process, in one info line."""
+    if columns.id or DEFAULT_ID_COLUMN not in table.names:
+        return columns
+    if DEFAULT_ID_COLUMN in (columns.label, columns.text, *columns.features):
+        return columns
+    if not _DEFAULT_ID_SAID:
+        _DEFAULT_ID_SAID.append(table.path)
+        log(INFO, "%s: record ids from its '%s' column (no id-column set)", table.path, DEFAULT_ID_COLUMN)
+    return replace(columns, id=DEFAULT_ID_COLUMN)
+
+
+_DEFAULT_ID_SAID: list[Path] = []  # `_with_default_id` says it once per process, not per file and client
+
+
 def _read_table_source(
     name: str, path: Path, prefix: str, columns: Columns, expect_kind: str | None
 ) -> Dataset:
     table = _read_table(path, prefix)
+    columns = _with_default_id(table, columns)
     kind = _table_kind(path, table.names, columns, expect_kind)
     _check_named_columns(table, columns, kind)
     ids = _table_ids(table, columns)

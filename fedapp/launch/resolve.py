@@ -23,6 +23,7 @@ from fedapp.datasets import (
 )
 from fedapp.datasets.local import views_of
 from fedapp.launch.options import ClientResources, cuda_device_count
+from fedapp.launch.outputs import check_outputs
 from fedapp.methods import method_spec
 
 ENGINES = ("flwr", "inprocess")
@@ -125,9 +126,15 @@ def count_views(overrides: Mapping[str, Any]) -> int:
 
 
 def validate(
-    run: ResolvedRun, engine: str, resources: ClientResources, *, dry_run: bool = False
+    run: ResolvedRun,
+    engine: str,
+    resources: ClientResources,
+    *,
+    dry_run: bool = False,
+    overwrite: bool = False,
 ) -> RunConfig:
-    """Everything checked before a run starts (engine, resources, data, partition, k, output directory);
+    """Everything checked before a run starts (engine, resources, data, partition, k, the privacy floor,
+    the output directory and an earlier run's outputs in it, which only `overwrite` or `resume` accept);
     `dry_run`: the same, creating nothing. Raises ConfigError / DatasetError with one line."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
@@ -139,5 +146,6 @@ def validate(
         raise ConfigError("run-config device='cuda' but no CUDA GPU is visible on this machine")
     if not cfg.own_data:  # own files are read whole by check_run
         require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
+    check_outputs(cfg, overwrite=overwrite)  # before the data: a second run into one folder fails fast
     check_run(cfg, cfg.num_clients, create=not dry_run)  # data that does not parse, partition, k, out-dir
     return cfg
