@@ -22,6 +22,7 @@ from fedapp.features import embeddings
 from fedapp.features.embeddings import (
     CACHE_DIR_ENV,
     DEFAULT_MODEL,
+    EmbeddingCache,
     EmbeddingError,
     default_cache_dir,
     embed_texts,
@@ -191,6 +192,66 @@ def test_cache_location_follows_the_environment(monkeypatch: pytest.MonkeyPatch,
     assert default_cache_dir() == (tmp_path / "home" / ".cache" / "fedapp").resolve()
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "mine"))
     assert default_cache_dir() == (tmp_path / "mine").resolve()
+
+
+# ---------------------------------------------------------------------- what a cache holds, who reads it
+
+
+def _tree(root: Path) -> list[Path]:
+    return sorted(path.relative_to(root) for path in root.rglob("*"))
+
+
+def test_a_private_cache_keeps_only_what_a_hit_needs(loader: Loader, tmp_path: Path) -> None:
+    """Own records: no per-text digests, no dataset name (an own file's name is its path), still a hit."""
+    cache = EmbeddingCache(tmp_path / "node", private=True)
+    source = "csv:/srv/clinic/notes-{partition-id}.csv"
+    first = embed_texts(TEXTS, dataset=source, cache=cache, device="cpu", show_progress=False)
+    names = [str(path) for path in _tree(tmp_path / "node")]
+    assert all(name.startswith("embeddings") for name in names) and not any("clinic" in n for n in names)
+    assert not list((tmp_path / "node").rglob("*.idx"))
+    array_path, meta_path = _entry(tmp_path / "node", "own")
+    meta = json.loads(meta_path.read_text())
+    assert "dataset" not in meta and "clinic" not in meta_path.read_text()
+    assert set(meta) == {
+        "format", "model", "model_fingerprint", "max_seq_length", "normalize", "n_texts", "texts_sha256",
+        "dim", "dtype", "array_sha256", "device", "batch_size", "seconds",
+    }  # fmt: skip
+    again = embed_texts(TEXTS, dataset=source, cache=cache, device="cpu", show_progress=False)
+    assert len(loader.calls) == 1
+    np.testing.assert_array_equal(first, again)
+    subset = embed_texts(TEXTS[:2], cache=cache, device="cpu", show_progress=False)
+    assert len(loader.calls) == 2  # no digests to slice by: a subset is encoded
+    np.testing.assert_allclose(subset, first[:2])
+
+
+def test_cache_folders_and_files_are_owner_only_whatever_the_umask(loader: Loader, tmp_path: Path) -> None:
+    old = tmp_path / "old" / "embeddings"
+    old.mkdir(parents=True, mode=0o755)
+    os.chmod(old, 0o755)  # as an earlier version left it
+    previous = os.umask(0)
+    try:
+        _embed(TEXTS, tmp_path / "fresh", dataset="so")  # a shared cache: array, sidecar, index, lock
+        _embed(TEXTS, tmp_path / "old", dataset="so")
+    finally:
+        os.umask(previous)
+    for root in (tmp_path / "fresh", tmp_path / "old"):
+        folders = [root / "embeddings", root / "embeddings" / "so"]
+        assert [oct(path.stat().st_mode & 0o777) for path in folders] == ["0o700", "0o700"]
+        files = sorted((root / "embeddings" / "so").iterdir())
+        assert {path.suffix for path in files} == {".npy", ".json", ".idx", ".lock"}
+        assert {oct(path.stat().st_mode & 0o777) for path in files} == {"0o600"}
+
+
+def test_an_absent_directory_means_nothing_on_disk(
+    loader: Loader, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for variable in (CACHE_DIR_ENV, "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.setenv(variable, str(tmp_path))
+    off = EmbeddingCache(None, private=True)
+    vectors = embed_texts(TEXTS, dataset="so", cache=off, device="cpu", show_progress=False)
+    embed_texts(TEXTS, dataset="so", cache=off, device="cpu", show_progress=False)
+    assert _tree(tmp_path) == [] and len(loader.calls) == 2  # nothing written, nothing read back
+    np.testing.assert_array_equal(vectors, _embed(TEXTS, tmp_path / "on", dataset="so"))
 
 
 def test_default_cache_dir_is_used_when_none_is_given(
