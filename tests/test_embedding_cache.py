@@ -18,6 +18,7 @@ from fedapp.features import embeddings
 from fedapp.features.embeddings import CACHE_DIR_ENV, EmbeddingCache, default_cache_dir
 from fedapp.features.texts import clear_memo, embedding_cache
 from fedapp.launch.resolve import build_overrides
+from simulation.predict import predict
 from simulation.runner import execute
 from tests.own_files import write_text_sites
 
@@ -72,6 +73,14 @@ def test_anything_else_is_refused_before_a_run(value: str) -> None:
         parse_run_config({"embedding-cache": value})
 
 
+def _assert_embeds_site_1(tmp_path: Path, run: dict[str, Any], node: dict[str, Any]) -> None:
+    """Node 1's client, as its ClientApp builds it, embeds every text of site-1.csv."""
+    cfg = node_run_config(run, node)
+    context = Context(run_id=0, node_id=2, node_config=node, state=RecordDict(), run_config=run)
+    vectors = SentenceKFedClient(context, cfg).embeddings()
+    assert vectors.shape[0] == len(pd.read_csv(tmp_path / "site-1.csv"))
+
+
 @pytest.mark.parametrize("node_setting", [None, "off", "{tmp}/site-cache-{{partition-id}}"])
 def test_a_nodes_own_setting_wins(tmp_path: Path, user_cache: Path, node_setting: str | None) -> None:
     """A SuperNode's `embedding-cache` in its node config overrides the run's, as its node-out-dir does."""
@@ -91,10 +100,7 @@ def test_a_nodes_own_setting_wins(tmp_path: Path, user_cache: Path, node_setting
     }
     if node_setting is not None:
         node["embedding-cache"] = node_setting.format(tmp=tmp_path)
-    cfg = node_run_config(run, node)
-    context = Context(run_id=0, node_id=2, node_config=node, state=RecordDict(), run_config=run)
-    vectors = SentenceKFedClient(context, cfg).embeddings()
-    assert vectors.shape[0] == len(pd.read_csv(tmp_path / "site-1.csv"))
+    _assert_embeds_site_1(tmp_path, run, node)
     written = _files(tmp_path / "out-1") + _files(tmp_path / "site-cache-1")
     expected_root = {None: tmp_path / "out-1", "off": None}.get(node_setting, tmp_path / "site-cache-1")
     if expected_root is None:
@@ -103,6 +109,24 @@ def test_a_nodes_own_setting_wins(tmp_path: Path, user_cache: Path, node_setting
         assert {path.parent for path in written} == {expected_root / "embeddings" / "own"}
         assert sorted(path.suffix for path in written) == [".json", ".lock", ".npy"]
     assert _files(user_cache) == []
+
+
+def test_a_cache_folder_that_cannot_be_made_does_not_stop_a_node(tmp_path: Path, user_cache: Path) -> None:
+    """A node whose cache directory cannot be written (here a file is in the way) embeds without it."""
+    write_text_sites(tmp_path, SITES)
+    (tmp_path / "blocked").write_text("a file")
+    run = {
+        "method": "fsbert-kfed",
+        "dataset": f"csv:{tmp_path}/site-{{partition-id}}.csv",
+        "k": 4,
+        "id-column": "id",
+        "node-out-dir": f"{tmp_path}/out-{{partition-id}}",
+        "embedding-cache": f"{tmp_path}/blocked/{{partition-id}}",
+    }
+    node = {"partition-id": 1, "num-partitions": SITES, "dataset": f"csv:{tmp_path}/site-1.csv"}
+    _assert_embeds_site_1(tmp_path, run, node)
+    assert (tmp_path / "blocked").read_text() == "a file"
+    assert _files(tmp_path / "out-1") == _files(user_cache) == []
 
 
 def test_own_text_sites_cache_in_their_node_directories_and_off_writes_nothing(
@@ -124,6 +148,11 @@ def test_own_text_sites_cache_in_their_node_directories_and_off_writes_nothing(
     for site in range(SITES):  # the same vectors, so the same clusters
         cached, off = (tmp_path / run / "nodes" / str(site) / "assignments.csv" for run in ("cached", "off"))
         assert cached.read_bytes() == off.read_bytes()
+    before = set(_files(tmp_path))
+    clear_memo()
+    predicted = tmp_path / "predicted.csv"
+    predict(tmp_path / "cached", f"csv:{tmp_path}/site-0.csv", predicted)  # caches nothing unless named
+    assert set(_files(tmp_path)) - before == {predicted} and _files(user_cache) == []
 
 
 def test_a_registered_dataset_still_hits_the_user_cache(

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from logging import WARNING
 from pathlib import Path
 
 import numpy as np
@@ -254,6 +255,39 @@ def test_an_absent_directory_means_nothing_on_disk(
     np.testing.assert_array_equal(vectors, _embed(TEXTS, tmp_path / "on", dataset="so"))
 
 
+def test_a_cache_that_cannot_be_written_warns_once_and_embeds_without_it(
+    loader: Loader, logged: list[tuple[int, str]], tmp_path: Path
+) -> None:
+    """A root that is a file (no folder can be made in it: as a read-only folder for a non-root user, a
+    full disk) must not stop a run: one warning per process, then every call encodes."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("not a folder")
+    for private in (True, False):
+        cache = EmbeddingCache(blocked, private=private)
+        first = embed_texts(TEXTS, dataset="so", cache=cache, device="cpu", show_progress=False)
+        second = embed_texts(TEXTS, dataset="so", cache=cache, device="cpu", show_progress=False)
+        np.testing.assert_array_equal(first, second)
+    assert len(loader.calls) == 4 and blocked.read_text() == "not a folder"
+    [(level, message)] = logged
+    assert level == WARNING and str(blocked) in message and "embedding without a cache" in message
+    np.testing.assert_array_equal(first, _embed(TEXTS, tmp_path / "writable", dataset="so"))
+
+
+def test_a_read_only_cache_still_serves_its_hits(loader: Loader, tmp_path: Path) -> None:
+    """An entry made before its text index existed, in a cache that no longer takes writes: a hit."""
+    vectors = _embed(TEXTS, tmp_path, dataset="so")
+    array_path, _ = _entry(tmp_path, "so")
+    array_path.with_suffix(".idx").unlink()
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(embeddings, "_atomic_write", read_only)
+        np.testing.assert_array_equal(_embed(TEXTS, tmp_path, dataset="so"), vectors)
+    assert len(loader.calls) == 1
+
+
 def test_default_cache_dir_is_used_when_none_is_given(
     loader: Loader, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -353,11 +387,13 @@ def test_a_crash_before_the_sidecar_is_written_is_not_trusted(
 
     with monkeypatch.context() as patch:
         patch.setattr(embeddings, "_atomic_write", fail_on_sidecar)
-        with pytest.raises(OSError, match="disk full"):
-            _embed(TEXTS, tmp_path)
+        first = _embed(TEXTS, tmp_path)  # the run goes on with the vectors it made
+    assert list((tmp_path / "embeddings" / "unnamed").glob("*.npy"))
     assert not list((tmp_path / "embeddings" / "unnamed").glob("*.json"))
-    _embed(TEXTS, tmp_path)
-    assert len(loader.calls) == 2 and "no sidecar" in _warnings(logged)[0]
+    np.testing.assert_array_equal(_embed(TEXTS, tmp_path), first)
+    unwritable, unusable = _warnings(logged)
+    assert "disk full" in unwritable and "embedding without a cache" in unwritable
+    assert len(loader.calls) == 2 and "no sidecar" in unusable
 
 
 def test_concurrent_callers_encode_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

