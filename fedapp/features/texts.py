@@ -9,8 +9,8 @@ the file; the memo is keyed by what makes the vectors, not by where they are cac
 process that partition one file encode it once.
 
 Where a node caches them is run-config `embedding-cache` (`embedding_cache`): registered benchmark sets
-share the user cache, a node's own records stay in its own directory (docs/privacy.md, "Embeddings on
-disk").
+share the user cache, a node's own records stay in its own directory (docs/privacy.md, "What stays
+on a node's disk").
 """
 
 from __future__ import annotations
