@@ -18,6 +18,8 @@ from flwr.common import Context, NDArrays, Scalar
 from clients.report import ClientReport
 from fedapp.config.run import RunConfig
 from fedapp.datasets.local import LocalData, client_seed, local_partition, local_view, own_file, owns_file
+from fedapp.features.embeddings import EmbeddingCache
+from fedapp.features.texts import embedding_cache
 from fedapp.methods import method_spec
 from fedapp.metrics.contingency import contingency_table, encode_table
 from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, aligned_rows, hash_ids, run_key
@@ -124,6 +126,16 @@ class ClusteringClient(NumPyClient):
         """Where this node writes its records' clusters (node config `node-out-dir`, merged, wins)."""
         name = run_name(self.cfg.out_dir, self.cfg.method, self.cfg.dataset, self.cfg.seed)
         return node_out_dir(self.cfg.node_out_dir, self.partition_id, name)
+
+    def embedding_cache(self) -> EmbeddingCache:
+        """Where this node caches its texts' embeddings (`embedding-cache`, node config wins): own records
+        in its node directory by default, so they stay with the rest of what the node keeps of the run."""
+        return embedding_cache(
+            self.cfg.embedding_cache,
+            own_data=self.cfg.own_data,
+            node_dir=self.node_directory(),
+            partition_id=self.partition_id,
+        )
 
 
 class VerticalClient(ClusteringClient):

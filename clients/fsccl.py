@@ -67,10 +67,11 @@ class FSCCLClient(ClusteringClient):
         (α = 1) is nearly flat over 20 clusters; SCCL's mean-pooled distilbert embeddings are not unit-norm.
         """
         p, cfg = self.params, self.cfg
-        views = [local_embeddings(self.data, cfg.embedding_model, p.max_length, cfg.device)]
+        cache = self.embedding_cache()
+        views = [local_embeddings(self.data, cfg.embedding_model, p.max_length, cfg.device, cache)]
         if self.augmentation() == "pairs":
             views += local_augmented_embeddings(
-                self.data, cfg.data_dir, cfg.embedding_model, p.max_length, cfg.device
+                self.data, cfg.data_dir, cfg.embedding_model, p.max_length, cfg.device, cache
             )
         scale = self.params.scale  # one factor for every view, the k-means start and prediction alike
         return [torch.as_tensor(np.asarray(v, dtype=np.float32), device=self.device) * scale for v in views]

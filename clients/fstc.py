@@ -411,10 +411,13 @@ class FSTCClient(ClusteringClient):
         p, cfg = self.params, self.cfg
         pairs = augmented and p.augment == "pairs"
         if p.encoder == "frozen":
-            views: list[Any] = [local_embeddings(self.data, cfg.embedding_model, p.max_length, cfg.device)]
+            cache = self.embedding_cache()
+            views: list[Any] = [
+                local_embeddings(self.data, cfg.embedding_model, p.max_length, cfg.device, cache)
+            ]
             if pairs:
                 views += local_augmented_embeddings(
-                    self.data, cfg.data_dir, cfg.embedding_model, p.max_length, cfg.device
+                    self.data, cfg.data_dir, cfg.embedding_model, p.max_length, cfg.device, cache
                 )
         else:
             views = [self.data.texts]

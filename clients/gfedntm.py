@@ -26,7 +26,7 @@ from clients.base import ClusteringClient
 from fedapp.config.run import RunConfig
 from fedapp.datasets.local import LocalData
 from fedapp.features.bow import DocumentFrequencies, count_matrix, document_frequencies
-from fedapp.features.embeddings import embed_texts
+from fedapp.features.embeddings import EmbeddingCache, embed_texts
 from fedapp.maths.gfedntm import (
     Corpus,
     EpochSplit,
@@ -215,7 +215,7 @@ class GFedNTMClient(ClusteringClient):
     def contexts(self) -> np.ndarray | None:
         if self.params.model != "combinedtm":
             return None
-        return document_contexts(self.data, self.cfg)
+        return document_contexts(self.data, self.cfg, self.embedding_cache())
 
     def corpus(self) -> Corpus:
         """This client's documents over the consensus vocabulary (built once per process)."""
@@ -273,12 +273,17 @@ def local_counts(data: LocalData, vocabulary: list[str]) -> scipy.sparse.csr_mat
     return count_matrix(data.texts, vocabulary)
 
 
-def document_contexts(data: LocalData, cfg: RunConfig) -> np.ndarray:
+def document_contexts(data: LocalData, cfg: RunConfig, cache: EmbeddingCache) -> np.ndarray:
     """CombinedTM's document embeddings: SBERT (`embedding-model`) of the texts, or, for bag-of-words
     corpora without text, a seeded Gaussian projection of the L1-normalised counts (a stand-in with no
     semantics beyond the counts, so that CombinedTM runs and is tested on generated corpora)."""
     if data.dataset.kind != "bow":
         return embed_texts(
-            data.texts, cfg.embedding_model, dataset=cfg.dataset, device=cfg.device, show_progress=False
+            data.texts,
+            cfg.embedding_model,
+            dataset=cfg.dataset,
+            device=cfg.device,
+            cache=cache,
+            show_progress=False,
         )
     return bow_projection(data.dataset.counts[data.indices], cfg.seed)

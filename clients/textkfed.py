@@ -58,7 +58,10 @@ class SentenceKFedClient(ClusteringClient):
     def embeddings(self) -> np.ndarray:
         """Its sentence embeddings: the space it clusters in (clipped to dp.clip under DP)."""
         params = self.cfg.params(TextKFedConfig)
-        vectors = local_embeddings(self.data, self.cfg.embedding_model, params.max_length, self.cfg.device)
+        cfg = self.cfg
+        vectors = local_embeddings(
+            self.data, cfg.embedding_model, params.max_length, cfg.device, self.embedding_cache()
+        )
         return self.uplink.records(vectors)
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:

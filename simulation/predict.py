@@ -50,6 +50,10 @@ def predict(model_dir: Path, dataset: str, out: Path, overrides: Mapping[str, An
         "k": int(saved.info["k"]),
         **(overrides or {}),
     }
+    # predict writes its --out file only: no embeddings unless this command names a directory (the saved
+    # run's directory may be a node's path on another machine, or another site's)
+    chosen = (overrides or {}).get("embedding-cache", "off")
+    run_config["embedding-cache"] = "off" if chosen in ("auto", "node") else chosen
     node_config = {"partition-id": 0, "num-partitions": 1, "dataset": run_config["dataset"]}  # read whole
     cfg = node_run_config(run_config, node_config)
     data = load_run_dataset(cfg)  # a bad file fails here, in one line, before any model is built

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from logging import WARNING
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from fedapp.features import embeddings
 from fedapp.features.embeddings import (
     CACHE_DIR_ENV,
     DEFAULT_MODEL,
+    EmbeddingCache,
     EmbeddingError,
     default_cache_dir,
     embed_texts,
@@ -193,6 +195,99 @@ def test_cache_location_follows_the_environment(monkeypatch: pytest.MonkeyPatch,
     assert default_cache_dir() == (tmp_path / "mine").resolve()
 
 
+# ---------------------------------------------------------------------- what a cache holds, who reads it
+
+
+def _tree(root: Path) -> list[Path]:
+    return sorted(path.relative_to(root) for path in root.rglob("*"))
+
+
+def test_a_private_cache_keeps_only_what_a_hit_needs(loader: Loader, tmp_path: Path) -> None:
+    """Own records: no per-text digests, no dataset name (an own file's name is its path), still a hit."""
+    cache = EmbeddingCache(tmp_path / "node", private=True)
+    source = "csv:/srv/clinic/notes-{partition-id}.csv"
+    first = embed_texts(TEXTS, dataset=source, cache=cache, device="cpu", show_progress=False)
+    names = [str(path) for path in _tree(tmp_path / "node")]
+    assert all(name.startswith("embeddings") for name in names) and not any("clinic" in n for n in names)
+    assert not list((tmp_path / "node").rglob("*.idx"))
+    array_path, meta_path = _entry(tmp_path / "node", "own")
+    meta = json.loads(meta_path.read_text())
+    assert "dataset" not in meta and "clinic" not in meta_path.read_text()
+    assert set(meta) == {
+        "format", "model", "model_fingerprint", "max_seq_length", "normalize", "n_texts", "texts_sha256",
+        "dim", "dtype", "array_sha256", "device", "batch_size", "seconds",
+    }  # fmt: skip
+    again = embed_texts(TEXTS, dataset=source, cache=cache, device="cpu", show_progress=False)
+    assert len(loader.calls) == 1
+    np.testing.assert_array_equal(first, again)
+    subset = embed_texts(TEXTS[:2], cache=cache, device="cpu", show_progress=False)
+    assert len(loader.calls) == 2  # no digests to slice by: a subset is encoded
+    np.testing.assert_allclose(subset, first[:2])
+
+
+def test_cache_folders_and_files_are_owner_only_whatever_the_umask(loader: Loader, tmp_path: Path) -> None:
+    old = tmp_path / "old" / "embeddings"
+    old.mkdir(parents=True, mode=0o755)
+    os.chmod(old, 0o755)  # as an earlier version left it
+    previous = os.umask(0)
+    try:
+        _embed(TEXTS, tmp_path / "fresh", dataset="so")  # a shared cache: array, sidecar, index, lock
+        _embed(TEXTS, tmp_path / "old", dataset="so")
+    finally:
+        os.umask(previous)
+    for root in (tmp_path / "fresh", tmp_path / "old"):
+        folders = [root / "embeddings", root / "embeddings" / "so"]
+        assert [oct(path.stat().st_mode & 0o777) for path in folders] == ["0o700", "0o700"]
+        files = sorted((root / "embeddings" / "so").iterdir())
+        assert {path.suffix for path in files} == {".npy", ".json", ".idx", ".lock"}
+        assert {oct(path.stat().st_mode & 0o777) for path in files} == {"0o600"}
+
+
+def test_an_absent_directory_means_nothing_on_disk(
+    loader: Loader, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for variable in (CACHE_DIR_ENV, "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.setenv(variable, str(tmp_path))
+    off = EmbeddingCache(None, private=True)
+    vectors = embed_texts(TEXTS, dataset="so", cache=off, device="cpu", show_progress=False)
+    embed_texts(TEXTS, dataset="so", cache=off, device="cpu", show_progress=False)
+    assert _tree(tmp_path) == [] and len(loader.calls) == 2  # nothing written, nothing read back
+    np.testing.assert_array_equal(vectors, _embed(TEXTS, tmp_path / "on", dataset="so"))
+
+
+def test_a_cache_that_cannot_be_written_warns_once_and_embeds_without_it(
+    loader: Loader, logged: list[tuple[int, str]], tmp_path: Path
+) -> None:
+    """A root that is a file (no folder can be made in it: as a read-only folder for a non-root user, a
+    full disk) must not stop a run: one warning per process, then every call encodes."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("not a folder")
+    for private in (True, False):
+        cache = EmbeddingCache(blocked, private=private)
+        first = embed_texts(TEXTS, dataset="so", cache=cache, device="cpu", show_progress=False)
+        second = embed_texts(TEXTS, dataset="so", cache=cache, device="cpu", show_progress=False)
+        np.testing.assert_array_equal(first, second)
+    assert len(loader.calls) == 4 and blocked.read_text() == "not a folder"
+    [(level, message)] = logged
+    assert level == WARNING and str(blocked) in message and "embedding without a cache" in message
+    np.testing.assert_array_equal(first, _embed(TEXTS, tmp_path / "writable", dataset="so"))
+
+
+def test_a_read_only_cache_still_serves_its_hits(loader: Loader, tmp_path: Path) -> None:
+    """An entry made before its text index existed, in a cache that no longer takes writes: a hit."""
+    vectors = _embed(TEXTS, tmp_path, dataset="so")
+    array_path, _ = _entry(tmp_path, "so")
+    array_path.with_suffix(".idx").unlink()
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(embeddings, "_atomic_write", read_only)
+        np.testing.assert_array_equal(_embed(TEXTS, tmp_path, dataset="so"), vectors)
+    assert len(loader.calls) == 1
+
+
 def test_default_cache_dir_is_used_when_none_is_given(
     loader: Loader, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -292,11 +387,13 @@ def test_a_crash_before_the_sidecar_is_written_is_not_trusted(
 
     with monkeypatch.context() as patch:
         patch.setattr(embeddings, "_atomic_write", fail_on_sidecar)
-        with pytest.raises(OSError, match="disk full"):
-            _embed(TEXTS, tmp_path)
+        first = _embed(TEXTS, tmp_path)  # the run goes on with the vectors it made
+    assert list((tmp_path / "embeddings" / "unnamed").glob("*.npy"))
     assert not list((tmp_path / "embeddings" / "unnamed").glob("*.json"))
-    _embed(TEXTS, tmp_path)
-    assert len(loader.calls) == 2 and "no sidecar" in _warnings(logged)[0]
+    np.testing.assert_array_equal(_embed(TEXTS, tmp_path), first)
+    unwritable, unusable = _warnings(logged)
+    assert "disk full" in unwritable and "embedding without a cache" in unwritable
+    assert len(loader.calls) == 2 and "no sidecar" in unusable
 
 
 def test_concurrent_callers_encode_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ class _Recorder:
 
 def _record_spaces(cfg: Any) -> list[np.ndarray]:
     """Every client's records as vectors: features, or the sentence embeddings of its texts."""
-    from fedapp.features.texts import local_embeddings
+    from fedapp.features.texts import dataset_embeddings
 
     spaces = []
     for pid in range(cfg.num_clients):
@@ -115,7 +115,8 @@ def _record_spaces(cfg: Any) -> list[np.ndarray]:
         if local.dataset.features is not None:
             spaces.append(np.asarray(local.features, dtype=np.float64))
         elif local.dataset.texts is not None:
-            spaces.append(np.asarray(local_embeddings(local, cfg.embedding_model, None), dtype=np.float64))
+            vectors = dataset_embeddings(local.dataset, cfg.embedding_model, None)[local.indices]
+            spaces.append(np.asarray(vectors, dtype=np.float64))
     return spaces
 
 

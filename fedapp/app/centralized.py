@@ -28,10 +28,14 @@ def run_centralized(cfg: RunConfig) -> dict:
     data = load_run_dataset(cfg)
     features = data.features
     if features is None and data.texts is not None:
-        from fedapp.features.texts import dataset_embeddings
+        from fedapp.features.texts import dataset_embeddings, embedding_cache
 
         max_length = getattr(cfg.method_config, "max_length", None)
-        features = dataset_embeddings(data, cfg.embedding_model, max_length, cfg.device)
+        # one pooled "node": `node` caches own data in the run's own folder
+        cache = embedding_cache(
+            cfg.embedding_cache, own_data=cfg.own_data, node_dir=Path(cfg.out_dir), partition_id=0
+        )
+        features = dataset_embeddings(data, cfg.embedding_model, max_length, cfg.device, cache)
     if features is None:
         raise ValueError(f"dataset '{cfg.dataset}' has no vector features for centralized k-means")
     k = cfg.k or data.n_classes

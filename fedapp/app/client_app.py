@@ -22,7 +22,8 @@ from fedapp.privacy.floor import min_cluster_size
 from fedapp.report.records import default_out_dir
 
 # Keys a SuperNode may set in its own node config, overriding the run config for that node only: its own
-# data file and columns (deployment: the file is on the node's machine), where it writes, its id secret.
+# data file and columns (deployment: the file is on the node's machine), where it writes (its records'
+# clusters, its texts' embeddings), its id secret.
 # Its `min-cluster-size` is merged apart: it can raise the privacy floor, never lower it.
 NODE_KEYS = (
     "dataset",
@@ -32,6 +33,7 @@ NODE_KEYS = (
     "id-column",
     "feature-columns",
     "node-out-dir",
+    "embedding-cache",
     "id-key",
 )
 FLOOR_KEY = "min-cluster-size"

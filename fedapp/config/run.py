@@ -39,6 +39,8 @@ __all__ = [
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = ("auto", "iid", "p-hetero", "size-ratio", "dirichlet", "by-group", "vertical")
 DEVICES = ("auto", "cpu", "cuda")
+# `embedding-cache` takes one of these or an absolute directory (`fedapp.features.embeddings.embedding_cache`)
+EMBEDDING_CACHE_MODES = ("auto", "node", "off")
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 Section = TypeVar("Section", bound=ConfigSection)
 DP_TABLE = "dp"  # [tool.flwr.app.config.dp]: differential privacy, any method with a `MethodSpec.dp`
@@ -132,6 +134,11 @@ class RunConfig(ConfigSection):
     node_out_dir: str = config_key(
         "",
         doc='where each node writes assignments.csv ({partition-id} allowed); "" -> ./fedapp-results/<run>',
+    )
+    embedding_cache: str = config_key(
+        "auto",
+        doc="where a node caches its texts' embeddings: auto (registered datasets: the user cache; own data: "
+        "node), node (beside its assignments.csv), off, or an absolute directory ({partition-id} allowed)",
     )
     id_key: str = config_key(
         "", doc="vertical own data: per-run secret for hashing ids (weaker than a node's own id-key)"
@@ -257,6 +264,7 @@ def _validate(cfg: RunConfig) -> None:
             "secagg=true: standalone CCFC (ccfc.federation=standalone) sends nothing to average"
         )
     _validate_dp(cfg)
+    _validate_embedding_cache(cfg.embedding_cache)
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"
         raise ConfigError(f"method '{cfg.method}' needs {need}, got partition='{cfg.partition}'")
@@ -280,6 +288,20 @@ def _validate_dp(cfg: RunConfig) -> None:
     if cfg.method == "ffcm" and cfg.params(FFCMConfig).local_iters > 1:
         raise ConfigError(
             "dp.epsilon > 0 needs ffcm.local-iters=1: local iterations move the centres by private data"
+        )
+
+
+def _validate_embedding_cache(value: str) -> None:
+    """A mode or an absolute directory: a relative one would land wherever a worker process runs (Ray's
+    workers do not start in the user's directory)."""
+    from fedapp.datasets import PARTITION_PLACEHOLDER
+
+    if value in EMBEDDING_CACHE_MODES:
+        return
+    if not Path(value.replace(PARTITION_PLACEHOLDER, "0")).expanduser().is_absolute():
+        raise ConfigError(
+            f"run-config 'embedding-cache' must be {', '.join(EMBEDDING_CACHE_MODES)} or an absolute "
+            f"directory, got {value!r}"
         )
 
 

