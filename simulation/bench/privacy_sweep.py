@@ -64,7 +64,7 @@ def run_one(out: Path, method: str, p: float, epsilon: float, seed: int, args: a
         base.update({"partition": "p-hetero", "p": p, "num-rounds": args.rounds})
     if method == "ffcm":
         base["ffcm.init"] = "moments"
-    return execute(build_overrides(base, out), "inprocess", quiet=True)
+    return execute(build_overrides(base, out), "inprocess", quiet=True, overwrite=True)
 
 
 def rows(methods: Sequence[str]) -> list[tuple[str, float]]:

@@ -70,6 +70,7 @@ def dropout_bar(method: str, out: Path) -> dict[str, object]:
         build_overrides({"method": method, "seed": 0, "dropout-rate": 0.5, **DROPOUT_RUNS[method]}, out),
         engine="inprocess",
         quiet=True,
+        overwrite=True,  # the bar's own folder: a rerun replaces it
     )
     records = summary["participation"].values()
     return {

@@ -45,7 +45,7 @@ def flwr_seconds(dataset: str, method: str) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         overrides = build_overrides({"method": method, "dataset": dataset, "num-rounds": 100}, Path(tmp))
         started = time.perf_counter()
-        summary = execute(overrides, "flwr", quiet=True)
+        summary = execute(overrides, "flwr", quiet=True, overwrite=True)
         return time.perf_counter() - started, float(summary["wall_seconds"])
 
 

@@ -53,7 +53,9 @@ def measure_cost(steps: int, out: Path) -> list[dict]:
         if engine == "deployment":
             summary = deployed(cost_overrides(steps), run_out)
         else:
-            summary = execute(build_overrides(cost_overrides(steps), run_out), engine, quiet=True)
+            summary = execute(
+                build_overrides(cost_overrides(steps), run_out), engine, quiet=True, overwrite=True
+            )
         rows.append(
             {
                 "engine": engine,
@@ -81,7 +83,9 @@ def measure_local_steps(taus: list[int], out: Path) -> list[dict]:
             "gfedntm.local-steps": tau,
         }
         started = time.perf_counter()
-        summary = execute(build_overrides(overrides, out / f"tau{tau}"), "inprocess", quiet=True)
+        summary = execute(
+            build_overrides(overrides, out / f"tau{tau}"), "inprocess", quiet=True, overwrite=True
+        )
         rows.append(
             {
                 "local_steps": tau,

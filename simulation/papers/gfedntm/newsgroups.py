@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     run = overrides(args)
     started = time.perf_counter()
-    summary = execute(build_overrides(run, args.out / "federated"), "inprocess", quiet=True)
+    summary = execute(build_overrides(run, args.out / "federated"), "inprocess", quiet=True, overwrite=True)
     federated_seconds = time.perf_counter() - started
     cfg = parse_run_config({**run, "out-dir": str(args.out)})
     params = cfg.params(GFedNTMConfig)

@@ -228,7 +228,7 @@ def flower_run(setting: Setting, out_dir: Path | None = None) -> dict:
     """The real strategy and clients, in-process engine, preset gfedntm-cpu."""
     out = out_dir or Path("results") / f"gfedntm-{setting.dataset}-s{setting.seed}"
     overrides = {**load_preset(PRESET).overrides, "dataset": setting.dataset, "seed": setting.seed}
-    summary = execute(build_overrides(overrides, out), "inprocess", quiet=True)
+    summary = execute(build_overrides(overrides, out), "inprocess", quiet=True, overwrite=True)
     metrics = summary["metrics"]
     return {
         "tss": metrics["tss"],
