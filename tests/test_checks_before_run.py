@@ -30,8 +30,9 @@ def _rule(k: int = 10, **keys: object) -> FloorRule:
         ({"method": "kfed", "kfed.local-k": 3}, FloorRule(True, 3, capped=True, needs_k=True)),
         ({"method": "kfed", "dp.epsilon": 2.0}, FloorRule(True, 10, capped=False, needs_k=True)),
         ({"method": "ffcm"}, FloorRule(True, 10, capped=True, needs_k=True)),
-        ({"method": "ffcm", "ffcm.init": "moments"}, FloorRule(True, 0, capped=True, needs_k=True)),
-        ({"method": "ffcm", "secagg": True}, FloorRule(True, 0, capped=True, needs_k=True)),
+        ({"method": "ffcm", "ffcm.init": "moments"}, FloorRule(True, 0, capped=True)),
+        ({"method": "ffcm", "secagg": True}, FloorRule(True, 0, capped=True)),
+        ({"method": "ffcm", "dp.epsilon": 2.0}, FloorRule(True, 0, capped=True)),
         ({"method": "ccfc"}, FloorRule(True, 10)),
         ({"method": "cefmc", "dataset": "digits-mv"}, FloorRule()),
         ({"method": "gfedntm", "dataset": "texts-demo"}, FloorRule()),
@@ -74,6 +75,8 @@ def test_k_must_be_reachable_by_the_local_centres_the_floor_allows() -> None:
     with pytest.raises(ConfigError, match=r"only 6 local centres \(2 per client\)"):  # DP: as many as asked
         check_local_centres(sites, FloorRule(True, 2, capped=False, needs_k=True), 5, 10, "kfed")
     check_local_centres(sites, FloorRule(True, 8, capped=True), 5, 500, "fstc")  # the server pads
+    for moments in ({"ffcm.init": "moments"}, {"secagg": True}, {"dp.epsilon": 2.0}):  # sums, no centres
+        check_local_centres(sites, _rule(500, method="ffcm", **moments), 5, 500, "ffcm")
 
 
 def _party(tmp_path: Path, party: int, ids: list[str]) -> Dataset:

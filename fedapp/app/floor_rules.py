@@ -69,7 +69,7 @@ def floor_rule(cfg: RunConfig, k: int) -> FloorRule:
         return FloorRule(True, params.local_k or k, capped=not cfg.dp.enabled, needs_k=True)
     if method == "ffcm":
         local = cfg.params(FFCMConfig).init == "local-centres" and not sums_only
-        return FloorRule(True, k if local else 0, capped=True, needs_k=True)
+        return FloorRule(True, k if local else 0, capped=True, needs_k=local)
     if method in FSTC_LIKE:
         params = cfg.params(FSTCConfig)
         if params.init != "centres" or sums_only:

@@ -166,7 +166,7 @@ def check_sites_above_floor(sites: Sequence[Site], rule: FloorRule, floor: int, 
 def check_local_centres(sites: Sequence[Site], rule: FloorRule, floor: int, k: int, method: str) -> None:
     """The server clusters the clients' local centres into k: fewer than k in all (k' <= n // floor per
     client) and its merge fails, after the rounds it took to collect them."""
-    if not rule.needs_k:
+    if not (rule.needs_k and rule.asked):
         return
     sendable = [rule.sendable(site.records, floor) for site in sites]
     if sum(sendable) >= k:
