@@ -33,7 +33,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import centres_from_moments
-from fedapp.maths.fstc import EMPTY_TOTAL, centres_from_totals, initial_centres, site_skew
+from fedapp.maths.fstc import EMPTY_TOTAL, centres_from_totals, initial_centres, relocate_empty, site_skew
 from fedapp.methods.fstc import (
     CENTRES_KEY,
     FINAL_KEY,
@@ -247,21 +247,22 @@ class FSTCStrategy(ClusteringStrategy):
 
     def lloyd_step(self, replies: list[ClientReply]) -> Parameters:
         """C̃_k = (sum of the records nearest C̃_k) / (their count), from SecAgg+'s totals in the initial
-        representation space; a cluster with under half a record keeps its centre."""
+        representation space; an empty cluster moves beside the largest (`relocate_empty`)."""
         assert self.centres is not None
         sums, counts = self.privacy.centre_totals(
             [r.arrays[0] for r in replies], [r.arrays[1] for r in replies]
         )
-        self.centres = centres_from_totals(sums, counts, self.centres, EMPTY_TOTAL)
+        centres = centres_from_totals(sums, counts, self.centres, EMPTY_TOTAL)
         self.lloyd_done += 1
-        held = int((counts >= EMPTY_TOTAL).sum())
+        self.centres, moved = relocate_empty(centres, counts, self.cfg.seed + self.lloyd_done)
         log(
             INFO,
-            "FSTC: secure Lloyd step %d of %d (%d of %d clusters hold records)",
+            "FSTC: secure Lloyd step %d of %d (%d of %d held; %d empty moved by the largest)",
             self.lloyd_done,
             self.lloyd_rounds,
-            held,
+            int((counts >= EMPTY_TOTAL).sum()),
             self.k,
+            moved,
         )
         return ndarrays_to_parameters([self.centres])
 

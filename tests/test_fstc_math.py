@@ -18,6 +18,7 @@ from fedapp.maths.fstc import (
     cluster_centres,
     label_update_steps,
     pseudo_labels,
+    relocate_empty,
     robust_weights,
     sinkhorn_log_plan,
     weighted_mse,
@@ -301,3 +302,23 @@ def test_the_mixture_residual_can_differ_from_the_loss_target(
     compared = scores if loss_on == "scores" else torch.softmax(scores, 1)
     expected = ((targets[indices] - compared) ** 2).sum(1).mean()
     assert float(terms["clustering"]) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_relocate_empty_moves_empty_clusters_beside_the_largest_so_lloyd_splits_it() -> None:
+    """Two blobs, three centres, one far from both (empty): moved beside the larger blob, the next Lloyd step
+    splits that blob and every cluster holds records; nothing moves when none is empty (or all are)."""
+    rng = np.random.default_rng(0)
+    data = np.concatenate([rng.normal(0.0, 0.1, (60, 2)) + [5.0, 0.0], rng.normal(0.0, 0.1, (20, 2))])
+    centres = np.array([[5.0, 0.0], [0.0, 0.0], [-40.0, 40.0]])
+    counts = np.array([60.0, 20.0, 0.0])
+    moved, n_moved = relocate_empty(centres, counts, seed=1)
+    assert n_moved == 1 and np.array_equal(moved[:2], centres[:2])
+    assert 0 < np.linalg.norm(moved[2] - centres[0]) <= 1e-3 * np.linalg.norm(centres[0]) + 1e-12
+    nearest = np.argmin(((data[:, None] - moved[None]) ** 2).sum(-1), axis=1)
+    sizes = np.bincount(nearest, minlength=3)
+    assert sizes[1] == 20 and sizes[0] > 0 and sizes[2] > 0  # the large blob split, the small one kept
+    same, none = relocate_empty(centres, np.array([60.0, 20.0, 3.0]), seed=1)
+    assert none == 0 and same is centres
+    assert relocate_empty(centres, np.zeros(3), seed=1)[1] == 0  # nothing to split
+    again, _ = relocate_empty(centres, counts, seed=1)
+    np.testing.assert_array_equal(again, moved)  # seeded

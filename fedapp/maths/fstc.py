@@ -412,6 +412,32 @@ def centres_from_totals(
     return np.where(held[:, None], weighted / np.maximum(total, 1.0)[:, None], previous)
 
 
+def relocate_empty(
+    centres: np.ndarray, counts: np.ndarray, seed: int, min_total: float = EMPTY_TOTAL, scale: float = 1e-3
+) -> tuple[np.ndarray, int]:
+    """(centres, how many moved): a Lloyd step's empty clusters (total count below `min_total`) move next to
+    the currently largest one (its centre plus a seeded perturbation of `scale` times its norm), so the next
+    step splits that cluster in two instead of keeping a centre no record is near (k-means' usual repair);
+    each move halves the count it is charged against, so several empties spread over the largest clusters."""
+    empty = np.flatnonzero(counts < min_total)
+    if empty.size == 0 or empty.size == counts.size:
+        return centres, 0
+    rng = np.random.default_rng(seed)
+    moved, load = centres.copy(), counts.astype(np.float64).copy()
+    for cluster in empty:
+        largest = int(np.argmax(load))
+        direction = rng.normal(size=centres.shape[1])
+        step = (
+            scale
+            * max(float(np.linalg.norm(centres[largest])), 1e-12)
+            / max(np.linalg.norm(direction), 1e-12)
+        )
+        moved[cluster] = centres[largest] + step * direction
+        load[largest] /= 2.0
+        load[cluster] = load[largest]
+    return moved, int(empty.size)
+
+
 def aggregate_centres(
     centres: Sequence[np.ndarray], counts: Sequence[np.ndarray], previous: np.ndarray
 ) -> np.ndarray:
