@@ -4,9 +4,10 @@
 
 Each trial starts `python -m simulation run` (FFCM on digits, 3 clients, endless rounds) in its own
 process group, sends the signal to that group `--at` seconds after the start, and reports the exit code,
-summary.json's status and phase once the runner has exited, and how many processes of the run are alive
-`--after` seconds after the signal: every descendant of the runner seen while it ran (the watchdog
-included) plus whatever the sweep finds by the run's token and private FLWR_HOME.
+summary.json's status and phase, when the runner exited and when the last process of the run was gone,
+and how many are alive `--after` seconds after the signal. The run's processes: every descendant of the
+runner seen while it ran (the watchdog included) plus whatever the sweep finds by the run's token and
+private FLWR_HOME.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Trial:
     exit_s: float | None = None  # seconds from the signal to the runner's exit
     status: str = "(no summary.json)"
     phase: str = ""
+    gone_s: float | None = None  # seconds from the signal until no process of the run was alive
     left: int = 0
 
 
@@ -84,22 +86,30 @@ def run_trial(at: float, sig: signal.Signals, after: float, out: Path) -> Trial:
         time.sleep(POLL_S)
     signalled = time.monotonic()
     os.killpg(process.pid, sig)
-    while process.poll() is None and time.monotonic() - signalled < after:
-        seen |= _descendants(process.pid)
+    while (elapsed := time.monotonic() - signalled) < after:
+        if process.poll() is None:
+            seen |= _descendants(process.pid)
+        elif trial.exit_code is None:
+            trial.exit_code = 128 - process.returncode if process.returncode < 0 else process.returncode
+            trial.exit_s = elapsed
+        left = _left(seen, token, home)
+        if left or process.poll() is None:
+            trial.gone_s = None
+        elif trial.gone_s is None:
+            trial.gone_s = elapsed
         time.sleep(POLL_S)
-    if process.poll() is not None:
-        trial.exit_code = 128 - process.returncode if process.returncode < 0 else process.returncode
-        trial.exit_s = time.monotonic() - signalled
-    time.sleep(max(0.0, after - (time.monotonic() - signalled)))
-    left = {pid for pid in seen if _alive(pid)}
-    if token:
-        left |= set(run_processes(token, home))
-    trial.left = len(left)
+    trial.left = len(_left(seen, token, home))
     _read_summary(out / "summary.json", trial)
     if process.poll() is None:  # the runner itself did not stop: do not leave it behind
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     return trial
+
+
+def _left(seen: set[int], token: str | None, home: str | None) -> set[int]:
+    """The run's processes alive now: those seen as the runner's descendants, and what the sweep finds."""
+    left = {pid for pid in seen if _alive(pid)}
+    return left | set(run_processes(token, home)) if token else left
 
 
 def _read_summary(path: Path, trial: Trial) -> None:
@@ -113,14 +123,15 @@ def _read_summary(path: Path, trial: Trial) -> None:
 
 def table(trials: list[Trial]) -> str:
     lines = [
-        "| signal at | signal | exit code | exit after | summary status | phase | left after 15 s |",
-        "|---|---|---|---|---|---|---|",
+        "| signal at | signal | exit code | runner exited after | all gone after | summary status | phase "
+        "| processes left after 15 s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for t in trials:
         exited = f"{t.exit_s:.1f} s" if t.exit_s is not None else "did not exit"
-        lines.append(
-            f"| {t.at:g} s | {t.signal} | {t.exit_code} | {exited} | {t.status} | {t.phase} | {t.left} |"
-        )
+        gone = f"{t.gone_s:.1f} s" if t.gone_s is not None else "not gone"
+        cells = [f"{t.at:g} s", t.signal, str(t.exit_code), exited, gone, t.status, t.phase, str(t.left)]
+        lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
