@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fedapp.launch.phase import RunPhase, read_phase
 from fedapp.launch.processes import RUN_TOKEN_ENV, child_environment
 from fedapp.launch.sweep import run_processes, stop_run
 from fedapp.report.records import mark_summary, start_summary
@@ -97,3 +98,16 @@ def test_an_interrupt_while_the_federation_starts_is_recorded_and_leaves_no_proc
     assert lines[-1] == f"status: interrupted ({summary['status_reason']})"
     assert lines[-2].endswith("(checked: none left)") or lines[-2].endswith("was left to stop"), lines[-2]
     assert run_processes(token, home) == []
+
+
+def test_the_phase_follows_flowers_output_into_its_file(tmp_path: Path) -> None:
+    phase = RunPhase(tmp_path / "phase", "starting the federation")
+    assert read_phase(tmp_path / "phase") == "starting the federation"
+    phase.see("INFO :      Starting Flower ServerApp, config: num_rounds=3, round_timeout=1800.0s")
+    assert read_phase(tmp_path / "phase") == "in round 1"
+    phase.see("INFO :      round 1: acc=0.7785  nmi=0.7297")  # not a progress line
+    assert phase.text == "in round 1"
+    phase.see("INFO :      [fedapp] round 2/3 |   0.13 s | acc 78.35 | 3/3 clients")
+    assert read_phase(tmp_path / "phase") == "in round 3"
+    phase.see("INFO :      [fedapp] round 3/3 |   0.18 s | acc 78.52 | 3/3 clients")
+    assert phase.text == "in the final report" and read_phase(tmp_path / "missing") is None
