@@ -87,13 +87,13 @@ def run_trial(at: float, sig: signal.Signals, after: float, out: Path) -> Trial:
     signalled = time.monotonic()
     os.killpg(process.pid, sig)
     while (elapsed := time.monotonic() - signalled) < after:
-        if process.poll() is None:
+        running = process.poll() is None  # once per poll: exit and "all gone" are judged on one state
+        if running:
             seen |= _descendants(process.pid)
         elif trial.exit_code is None:
             trial.exit_code = 128 - process.returncode if process.returncode < 0 else process.returncode
             trial.exit_s = elapsed
-        left = _left(seen, token, home)
-        if left or process.poll() is None:
+        if running or _left(seen, token, home):
             trial.gone_s = None
         elif trial.gone_s is None:
             trial.gone_s = elapsed
