@@ -13,14 +13,15 @@ the run's processes does not stop the guard):
 It checks every `POLL_S` whether it still has its parent (a dead parent's children are handed to
 another process, so `getppid` changes; PID reuse cannot fool it). When the parent is gone it reads the
 run's last phase (`--phase-file`), stops every process of the run (`sweep.stop_run`: the token, the
-private `--home`, descent), removes the folders and rewrites `--out`/summary.json from `running` to
-`killed` with that phase. A parent that ends normally stops the guard (`stop_watchdog`) after cleaning
-up itself.
+private `--home`, descent) and removes the folders. If `--out`/summary.json said `running` when the
+parent died, it marks it `killed` with that phase (the ServerApp may write `failed` while it is being
+stopped). A parent that ends normally stops the guard (`stop_watchdog`) after cleaning up itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -76,12 +77,21 @@ def watch(args: argparse.Namespace) -> None:
     while os.getppid() == args.parent:
         time.sleep(POLL_S)
     phase = read_phase(args.phase_file) if args.phase_file else None
+    running = args.out is not None and _status(args.out) == "running"  # before the ServerApp is stopped
     report = stop_run(args.token, args.home, [], grace=3.0)
     for path in args.remove:
         shutil.rmtree(path, ignore_errors=True)
-    if args.out is not None:
+    if running:  # what the ServerApp wrote while being stopped ("failed: KeyboardInterrupt") is not the cause
         reason = f"{KILLED_REASON}; the watchdog: {report.describe()}"
-        mark_summary(args.out, "killed", reason, phase, only_running=True)
+        mark_summary(args.out, "killed", reason, phase)
+
+
+def _status(out_dir: Path) -> str | None:
+    """summary.json's status when the entry point died: only a run still `running` was killed by it."""
+    try:
+        return json.loads((out_dir / "summary.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
