@@ -200,7 +200,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         with self.record.stopwatch(server_round, "server_aggregate_s"):
             for failure in failures:
                 line = failure_line(describe_failure(failure), self.partition_of, self.data_file)
-                log(WARNING, "%s round %d: evaluation failure: %s", PROGRESS_MARKER, server_round, line)
+                log(WARNING, "%s evaluation failure in round %d: %s", PROGRESS_MARKER, server_round, line)
             results = sorted(results, key=lambda item: item[0].cid)
             self.record.received(server_round, "evaluate", results)
             evaluated = self.evaluation_metrics(server_round, results)

@@ -118,7 +118,7 @@ class RunRecord:
         for failure in failures:
             line = failure_line(describe_failure(failure), partition_of, file_of)
             self.failure_messages.append(line)
-            log(WARNING, "%s round %d: client failure: %s", PROGRESS_MARKER, server_round, line)
+            log(WARNING, "%s client failure in round %d: %s", PROGRESS_MARKER, server_round, line)
 
     def outcome(self, server_round: int, accepted: list[str], rejected: list[str], failed: list[str]) -> None:
         self.participation.setdefault(server_round, {}).update(
