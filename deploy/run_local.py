@@ -44,10 +44,10 @@ from fedapp.launch.processes import (  # noqa: E402
     interruptible,
     run_filtered,
     start_logged,
-    stop_run,
     wait_for_health,
 )
 from fedapp.launch.resolve import absolute_spec, build_overrides, validate  # noqa: E402
+from fedapp.launch.sweep import stop_run  # noqa: E402
 from fedapp.launch.watchdog import start_watchdog, stop_watchdog  # noqa: E402
 from fedapp.report.records import exit_code, mark_summary, status_line  # noqa: E402
 
@@ -95,7 +95,8 @@ def deploy(
     flwr_home = work_dir / "flwr-home"
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flower_env(flwr_home)
-    guard = start_watchdog(env[RUN_TOKEN_ENV], [work_dir])  # if this process is SIGKILLed
+    out_dir = Path(overrides["out-dir"])
+    guard = start_watchdog(env[RUN_TOKEN_ENV], [work_dir], home=flwr_home, out_dir=out_dir)  # on SIGKILL
     link_port = free_port()
     certs = make_certificates(work_dir / "certs") if security.tls else {}
     connection: dict[str, object] = {"address": f"127.0.0.1:{link_port}"}
@@ -121,6 +122,7 @@ def deploy(
     started: list[subprocess.Popen] = []
     pids: dict[str, int] = {}
     lost = ""  # the SuperLink died on its own: said once every process has stopped
+    interrupted: Interrupted | None = None
     try:
         superlink = start_logged(
             [
@@ -188,15 +190,20 @@ def deploy(
             if not refused:
                 code = code or 1  # a node with an unknown key got in: the deployment is not secure
         return code
+    except Interrupted as exc:
+        interrupted = exc  # told below what the sweep verified
+        raise
     finally:
-        leftovers = stop_run(env[RUN_TOKEN_ENV], started)  # every process carrying this run's token
+        stopped = stop_run(env[RUN_TOKEN_ENV], flwr_home, started)  # the token, the private home, descent
+        if interrupted is not None:
+            interrupted.stopped = stopped.describe()
         still_running = [process for process in started if process.poll() is None]
         pids_path = Path(overrides["out-dir"]) / "deploy-pids.json"
         pids_path.parent.mkdir(parents=True, exist_ok=True)
         pids_path.write_text(json.dumps(pids, indent=2))
         print(f"stopped {len(started) - len(still_running)}/{len(started)} processes", flush=True)
-        if leftovers:
-            print(f"warning: processes {leftovers} of this deployment did not stop", file=sys.stderr)
+        if not stopped.clean:
+            print(f"warning: {stopped.describe()}", file=sys.stderr)
         stop_watchdog(guard)
         if lost:  # the ServerApp is gone now: nothing overwrites the cause any more
             mark_summary(Path(overrides["out-dir"]), "failed", lost)
@@ -276,9 +283,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 security = Security(tls=args.tls, auth=args.auth, unregistered_nodes=args.unregistered_nodes)
                 code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)
         except Interrupted as exc:
-            print(f"{exc}: stopped every process this deployment started", file=sys.stderr)
-            if summary := mark_summary(args.out, "interrupted", str(exc)):
-                print(status_line(summary), file=sys.stderr)
+            print(f"{exc}: {exc.stopped or 'no process of the deployment had started'}", file=sys.stderr)
+            summary = mark_summary(args.out, "interrupted", str(exc)) or {"status": "interrupted"}
+            print(status_line(summary), file=sys.stderr)
             return exc.exit_code
         except ProcessError as exc:
             print(f"error: {exc}", file=sys.stderr)

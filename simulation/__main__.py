@@ -194,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         with interruptible():
             return _command(args)
     except Interrupted as exc:
-        print(f"{exc}: stopped every process this run started", file=sys.stderr)
-        if args.command == "run" and (summary := mark_summary(args.out, "interrupted", str(exc))):
-            print(status_line(summary), file=sys.stderr)
+        _report_interrupt(exc, args.out if args.command == "run" else None)
         return exc.exit_code
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -204,6 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetError, ExperimentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _report_interrupt(exc: Interrupted, out: Path | None) -> None:
+    """Two lines on stderr: what the sweep verified about the run's processes, then the status, which
+    summary.json (written at the start, so it exists once anything started) says too."""
+    where = f" while {exc.phase}" if exc.phase else ""
+    print(f"{exc}{where}: {exc.stopped or 'it had started no other process'}", file=sys.stderr)
+    summary = mark_summary(out, "interrupted", str(exc), exc.phase) if out else None
+    fallback = {"status": "interrupted", "status_reason": f"{exc}{where}"}
+    print(status_line(summary or fallback), file=sys.stderr)
 
 
 def _command(args: argparse.Namespace) -> int:

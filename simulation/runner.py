@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,10 @@ import tomli_w
 from fedapp.config.run import PROJECT_ROOT
 from fedapp.launch.options import ClientResources
 from fedapp.launch.outputs import clear_outputs
+from fedapp.launch.phase import PHASE_FILE, RunPhase
 from fedapp.launch.processes import (
     RUN_TOKEN_ENV,
+    Interrupted,
     ProcessError,
     console_script,
     flower_env,
@@ -33,13 +35,13 @@ from fedapp.launch.processes import (
     run_filtered,
     start_logged,
     stop_process,
-    stop_run,
     wait_for_health,
 )
 from fedapp.launch.resolve import ResolvedRun, validate
+from fedapp.launch.sweep import StopReport, stop_run
 from fedapp.launch.watchdog import start_watchdog, stop_watchdog
 from fedapp.methods import method_spec
-from fedapp.report.records import mark_summary
+from fedapp.report.records import mark_summary, start_summary
 
 SUPERLINK_START_TIMEOUT_S = 60
 LOG_NAME = "flower.log"  # everything Flower prints goes here; the terminal gets one line per round
@@ -61,7 +63,9 @@ def execute(
 
     The terminal gets one line per round (unless `quiet`); everything Flower prints goes to
     `<out-dir>/flower.log`. `overwrite`: an earlier run's outputs in the folder are removed first
-    (`fedapp.launch.outputs`); without it (or `resume`) such a folder is refused.
+    (`fedapp.launch.outputs`); without it (or `resume`) such a folder is refused. A federated run's
+    summary.json says `running` and its phase from the start, so an interrupt (the `Interrupted` raised
+    here carries the phase) or a kill always finds one to mark.
     """
     import json
 
@@ -79,19 +83,40 @@ def execute(
         from fedapp.app.centralized import run_centralized
 
         run_centralized(cfg)
-    elif engine == "inprocess":
-        _run_inprocess(run, log_path, quiet=quiet)
     else:
-        _run_flwr(run, resources, log_path, quiet=quiet)
-    if not summary_path.exists():
+        _run_federated(run, engine, resources, log_path, quiet=quiet)
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if "rounds" not in summary:  # only the entry point's own start record: the ServerApp wrote nothing
+        mark_summary(out_dir, "failed", "the ServerApp wrote no summary", only_running=True)
         raise RunError(f"the run wrote no {summary_path}; see {log_path}\n{_log_tail(log_path)}")
-    summary = json.loads(summary_path.read_text())
     if summary.get("status", "running") == "running" and method_spec(cfg.method).federated:
         raise RunError(
             f"the run broke off after round {summary.get('rounds')} of {cfg.num_rounds} without finishing; "
             f"see {log_path}\n{_log_tail(log_path)}"
         )
     return summary
+
+
+def _run_federated(
+    run: ResolvedRun, engine: str, resources: ClientResources, log_path: Path, *, quiet: bool
+) -> None:
+    """Run on `engine` with summary.json marked `running` first; an interrupt learns the phase it came in,
+    a run that breaks off is marked `failed` (unless the ServerApp already said how it ended)."""
+    cfg = run.config
+    header = {"method": cfg.method, "dataset": cfg.dataset, "num_clients": cfg.num_clients}
+    phase = RunPhase(None, "starting the federation")
+    start_summary(log_path.parent, {**header, "num_rounds": cfg.num_rounds}, phase.text)
+    try:
+        if engine == "inprocess":
+            _run_inprocess(run, log_path, phase, quiet=quiet)
+        else:
+            _run_flwr(run, resources, log_path, phase, quiet=quiet)
+    except Interrupted as exc:
+        exc.phase = exc.phase or phase.text
+        raise
+    except RunError as exc:
+        mark_summary(log_path.parent, "failed", str(exc).splitlines()[0], phase.text, only_running=True)
+        raise
 
 
 def _log_tail(log_path: Path, lines: int = 25) -> str:
@@ -101,18 +126,22 @@ def _log_tail(log_path: Path, lines: int = 25) -> str:
     return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _run_inprocess(run: ResolvedRun, log_path: Path, *, quiet: bool) -> None:
+def _run_inprocess(run: ResolvedRun, log_path: Path, phase: RunPhase, *, quiet: bool) -> None:
     from fedapp.app.client_app import client_fn
     from fedapp.app.inprocess import run_inprocess
     from fedapp.app.server_app import server_fn
 
-    with flower_log_to_file(log_path, quiet=quiet):
+    phase.set("in round 1")
+    with flower_log_to_file(log_path, quiet=quiet, on_line=phase.see):
         run_inprocess(server_fn, client_fn, run, run.config.num_clients)
 
 
 @contextmanager
-def flower_log_to_file(log_path: Path, *, quiet: bool) -> Iterator[None]:
-    """Flower's logger writes to `log_path` only; the terminal gets the per-round progress lines."""
+def flower_log_to_file(
+    log_path: Path, *, quiet: bool, on_line: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Flower's logger writes to `log_path` only; the terminal gets the per-round progress lines and
+    `on_line` sees every message (how the runner follows the phase)."""
     import logging
     import sys
 
@@ -129,6 +158,10 @@ def flower_log_to_file(log_path: Path, *, quiet: bool) -> Iterator[None]:
         console.addFilter(lambda record: PROGRESS_MARKER in record.getMessage())
         console.setFormatter(_ProgressFormatter())
         handlers.append(console)
+    if on_line is not None:
+        follower = logging.Handler()
+        follower.emit = lambda record: on_line(record.getMessage())  # type: ignore[method-assign]
+        handlers.append(follower)
     FLOWER_LOGGER.handlers = handlers
     FLOWER_LOGGER.setLevel(logging.INFO)
     try:
@@ -177,18 +210,26 @@ def local_simulation_superlink(flwr_home: Path, env: dict[str, str]):
         stop_process(process)
 
 
-def _run_flwr(run: ResolvedRun, resources: ClientResources, log_path: Path, *, quiet: bool) -> None:
+def _run_flwr(
+    run: ResolvedRun, resources: ClientResources, log_path: Path, phase: RunPhase, *, quiet: bool
+) -> None:
     flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
     env = flower_env(flwr_home)
-    guard = start_watchdog(env[RUN_TOKEN_ENV], [flwr_home])  # if this process is SIGKILLed
+    phase.path = flwr_home / PHASE_FILE  # the watchdog reads it after a SIGKILL
+    phase.set("starting the SuperLink")
+    guard = start_watchdog(
+        env[RUN_TOKEN_ENV], [flwr_home], home=flwr_home, out_dir=log_path.parent, phase_file=phase.path
+    )
     started: list[subprocess.Popen] = []
     lost = ""  # the SuperLink died on its own: said once every process of the run has stopped
+    interrupted: Interrupted | None = None
     try:
         run_config = flwr_home / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(run)))
         federation = resources.federation_config(run.config.num_clients)
         with local_simulation_superlink(flwr_home, env) as superlink:
             started.append(superlink)
+            phase.set("starting the federation")
             command = [
                 console_script("flwr"),
                 "run",
@@ -199,17 +240,29 @@ def _run_flwr(run: ResolvedRun, resources: ClientResources, log_path: Path, *, q
                 "--run-config",
                 str(run_config),
             ]
-            returncode = run_filtered(command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT, started=started)
+            returncode = run_filtered(
+                command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT, started=started, on_line=phase.see
+            )
             if returncode != 0 and superlink.poll() is not None:  # it died on its own, mid-run
                 lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
         if returncode != 0 and not lost:
             raise RunError(f"flwr run exited with code {returncode}; see {log_path}\n{_log_tail(log_path)}")
+    except Interrupted as exc:
+        interrupted = exc  # told below what the sweep verified
+        raise
     finally:
-        leftovers = stop_run(env[RUN_TOKEN_ENV], started)  # Ray's workers too, found by the run token
-        if leftovers:
-            print(f"warning: processes {leftovers} of this run did not stop", file=sys.stderr)
+        _clean_up(stop_run(env[RUN_TOKEN_ENV], flwr_home, started), interrupted)
         shutil.rmtree(flwr_home, ignore_errors=True)
         stop_watchdog(guard)
     if lost:  # the ServerApp is gone now: nothing overwrites the cause any more
-        mark_summary(log_path.parent, "failed", lost)
+        mark_summary(log_path.parent, "failed", lost, phase.text)
         raise RunError(f"{lost}; see {log_path}")
+
+
+def _clean_up(report: StopReport, interrupted: Interrupted | None) -> None:
+    """Say what the sweep verified: to the interrupt (whose handler prints it) or, if processes are left
+    after a normal end, as a warning."""
+    if interrupted is not None:
+        interrupted.stopped = report.describe()
+    elif not report.clean:
+        print(f"warning: {report.describe()}", file=sys.stderr)

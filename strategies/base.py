@@ -36,6 +36,7 @@ from fedapp.app.checkpoint import checkpoint_dir, load_strategy, save_strategy
 from fedapp.config.run import RunConfig
 from fedapp.report.records import PROGRESS_MARKER, default_out_dir
 from fedapp.wire import ReplyError
+from strategies.failures import failure_line, partition_file
 from strategies.hooks import StrategyHooks
 from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord, run_status
@@ -136,7 +137,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         with self.record.stopwatch(server_round, "server_aggregate_s"):
             self.rounds_run = server_round
             replied = {client.cid for client, _ in results}
-            self.record.failures(server_round, failures)
+            self.record.failures(server_round, failures, self.partition_of, self.data_file)
             self.privacy.arrived(results)
             failed = sorted(set(self._instructed.get(server_round, [])) - replied)  # errors and timeouts
             self.roster.exclude(failed, server_round)
@@ -199,7 +200,8 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         self.record.client_seconds(server_round, "evaluate", [res.metrics for _, res in results])
         with self.record.stopwatch(server_round, "server_aggregate_s"):
             for failure in failures:
-                log(WARNING, "round %d: evaluation failure: %s", server_round, describe_failure(failure))
+                line = failure_line(describe_failure(failure), self.partition_of, self.data_file)
+                log(WARNING, "%s evaluation failure in round %d: %s", PROGRESS_MARKER, server_round, line)
             results = sorted(results, key=lambda item: item[0].cid)
             self.record.received(server_round, "evaluate", results)
             evaluated = self.evaluation_metrics(server_round, results)
@@ -218,6 +220,10 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         return None  # no server-side data: evaluation is federated (contingency tables)
 
     # ------------------------------------------------------------------------- within a round
+    def data_file(self, partition_id: int) -> str | None:
+        """The file a partition reads, when the run's dataset names one per partition (`{partition-id}`)."""
+        return partition_file(self.cfg.dataset, partition_id)
+
     def _validated(self, server_round: int, client: ClientProxy, res: FitRes) -> ClientReply | None:
         """The decoded reply if it passes `expected_arrays` and `check_reply`; None (logged) otherwise."""
         try:

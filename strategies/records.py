@@ -9,7 +9,7 @@ way (the `degraded` status). Its `state_dict` is part of the strategy's checkpoi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from logging import INFO, WARNING
 from pathlib import Path
@@ -22,6 +22,7 @@ from flwr.server.client_proxy import ClientProxy
 from fedapp.app.managed_client import SECONDS_KEY
 from fedapp.report.ledger import CommLedger, mapping_nbytes, parameters_nbytes
 from fedapp.report.records import PROGRESS_MARKER, write_run_outputs
+from strategies.failures import failure_line
 from strategies.replies import describe_failure
 
 PLOT_EVERY_S = 30.0  # metrics.png is redrawn at most this often while a run is going
@@ -105,11 +106,19 @@ class RunRecord:
         """Clients were asked to fit: the round's clock (`round_s`) starts."""
         self.round_started[server_round] = time.perf_counter()
 
-    def failures(self, server_round: int, failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> None:
-        """Keep why clients failed a fit round, in their own words."""
+    def failures(
+        self,
+        server_round: int,
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+        partition_of: Mapping[str, int] | None = None,
+        file_of: Callable[[int], str | None] | None = None,
+    ) -> None:
+        """Keep why clients failed a fit round, one line each (partition id, file, the client's own cause:
+        `strategies.failures`), and show it on the console; the full text is in flower.log."""
         for failure in failures:
-            self.failure_messages.append(describe_failure(failure))
-            log(WARNING, "round %d: client failure: %s", server_round, self.failure_messages[-1])
+            line = failure_line(describe_failure(failure), partition_of, file_of)
+            self.failure_messages.append(line)
+            log(WARNING, "%s client failure in round %d: %s", PROGRESS_MARKER, server_round, line)
 
     def outcome(self, server_round: int, accepted: list[str], rejected: list[str], failed: list[str]) -> None:
         self.participation.setdefault(server_round, {}).update(

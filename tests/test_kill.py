@@ -1,8 +1,9 @@
-"""SIGKILL of an entry point (no `finally` runs): its watchdog stops every process of the run and removes
-the temporary FLWR_HOME within 15 s."""
+"""SIGKILL of an entry point (no `finally` runs): its watchdog stops every process of the run, removes
+the temporary FLWR_HOME within 15 s and marks summary.json `killed` (with the phase it last saw)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -77,3 +78,7 @@ def test_sigkill_of_the_entry_point_leaves_no_process_and_no_flwr_home(
         f"processes of the run survived SIGKILL ({elapsed:.1f} s)"
     )
     assert not Path(home).exists(), f"{home} was not removed"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())  # the watchdog marked it
+    assert summary["status"] == "killed" and "SIGKILL" in summary["status_reason"], summary["status_reason"]
+    if command[0] == "-m":  # the simulation runner keeps the phase for the watchdog
+        assert summary["phase"].startswith("in round "), summary["phase"]

@@ -11,7 +11,8 @@ client's report (`final_report.secure`, clients/report.py), not to the method's 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from flwr.client import NumPyClient
@@ -19,10 +20,24 @@ from flwr.common import ConfigRecord, Context, NDArrays, RecordDict, Scalar
 
 from fedapp.app.checkpoint import RESUME_KEY, load_client_state, save_client_state
 from fedapp.config.run import RunConfig
+from fedapp.datasets import DatasetError
+from fedapp.datasets.sources import source_path
 from fedapp.report.stages import REPORT_KEY
 
 SECONDS_KEY = "client-seconds"  # metrics key: this client's compute time for the message
 _RESTORED = "fedapp.restored"  # context.state marker: this client has reloaded its state
+
+
+class ClientSiteError(RuntimeError):
+    """A client's failure, naming its site: "partition-id P, file F: Type: message"."""
+
+
+def _own_file(spec: str, partition_id: int) -> str | None:
+    """The file this client reads when its dataset is a file (a source spec), else None."""
+    try:
+        return str(source_path(spec, partition_id))
+    except DatasetError:
+        return None
 
 
 class ManagedClient(NumPyClient):
@@ -37,7 +52,8 @@ class ManagedClient(NumPyClient):
     ) -> None:
         self.build, self.context, self.cfg, self.checkpoints = build, context, cfg, checkpoints
         self.partition_id = int(context.node_config.get("partition-id", -1))
-        self.inner = build(context, cfg)
+        with self._named():
+            self.inner = build(context, cfg)
 
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         return self.inner.get_properties(config)
@@ -48,8 +64,9 @@ class ManagedClient(NumPyClient):
             report = self.inner.final_report  # type: ignore[attr-defined]  # every client composes one
             arrays, n, metrics = report.secure(parameters, config)
             return arrays, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
-        self._restore_once(config)
-        arrays, n, metrics = self.inner.fit(parameters, config)
+        with self._named():
+            self._restore_once(config)
+            arrays, n, metrics = self.inner.fit(parameters, config)
         server_round = config.get("server-round")
         if self.checkpoints is not None and isinstance(server_round, int):
             state = RecordDict({key: value for key, value in self.context.state.items() if key != _RESTORED})
@@ -60,8 +77,22 @@ class ManagedClient(NumPyClient):
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
         started = time.perf_counter()
-        loss, n, metrics = self.inner.evaluate(parameters, config)
+        with self._named():
+            loss, n, metrics = self.inner.evaluate(parameters, config)
         return loss, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
+
+    @contextmanager
+    def _named(self) -> Iterator[None]:
+        """Any exception of this client leaves it naming the site (partition id and, when it reads a file
+        of its own, the file): the server sees only Flower's node id and a Ray traceback."""
+        try:
+            yield
+        except ClientSiteError:
+            raise
+        except Exception as exc:
+            file = _own_file(self.cfg.dataset, self.partition_id)
+            where = f"partition-id {self.partition_id}" + (f", file {file}" if file else "")
+            raise ClientSiteError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
     def _restore_once(self, config: dict[str, Scalar]) -> None:
         """After a resume, reload the newest state saved in a round <= the resumed one, then rebuild."""

@@ -408,7 +408,8 @@ def exchange(
         if res.status.code == Code.OK:
             results.append((proxy_of[message_id], res))
         else:
-            failures.append(RuntimeError(f"client status {res.status.code.name}: {res.status.message}"))
+            cid = proxy_of[message_id].cid
+            failures.append(RuntimeError(f"client {cid} status {res.status.code.name}: {res.status.message}"))
     return results, failures
 
 

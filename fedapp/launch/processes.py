@@ -3,7 +3,8 @@
 Every process is started in its own session so that stopping it by PID also stops the children it
 spawned (flower-superexec, flwr-serverapp/-clientapp, flwr-simulation). Ray's workers leave those
 sessions, so every process of a run also carries a run token in its environment (`RUN_TOKEN_ENV`):
-`stop_run` finds them all by it (on Linux, via /proc) and stops them too, leaving other processes alone.
+`fedapp.launch.sweep.stop_run` finds them all by it and by the run's private FLWR_HOME (on Linux, via
+/proc) and stops them too, leaving other processes alone.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 RUN_TOKEN_ENV = "FEDAPP_RUN_TOKEN"
@@ -127,12 +128,14 @@ def run_filtered(
     quiet: bool,
     cwd: Path | None = None,
     started: list[subprocess.Popen] | None = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> int:
     """Run `command`; every output line (ANSI codes removed) goes to `log_path`, progress lines to stdout.
 
     Progress lines are those the strategy marks with `fedapp.report.records.PROGRESS_MARKER`; Flower's own
     chatter (history dumps, per-round sampling notes, repeated warnings) stays in the log file. The
     process runs in its own session and is appended to `started`; if this call is interrupted, it stops it.
+    `on_line` sees every clean line (how the runner follows the run's phase).
     """
     from fedapp.report.records import PROGRESS_MARKER, progress_text
 
@@ -155,6 +158,8 @@ def run_filtered(
                 clean = _ANSI.sub("", line)
                 log_file.write(clean)
                 log_file.flush()
+                if on_line is not None:
+                    on_line(clean)
                 if not quiet and PROGRESS_MARKER in clean:
                     print(progress_text(clean), flush=True)
             return process.wait()
@@ -191,57 +196,39 @@ def child_environment(pid: int, name: str) -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    """True unless the process is gone or a zombie waiting for its parent."""
-    try:
-        os.kill(pid, 0)
-        stat = Path(f"/proc/{pid}/stat")
-        return not (stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
-    except (ProcessLookupError, FileNotFoundError):
-        return False
-    except PermissionError:
-        return True
-
-
-def stop_run(token: str, started: list[subprocess.Popen], grace: float = 5.0) -> list[int]:
-    """Stop everything a run started: its processes' groups, then every process carrying its token.
-
-    SIGTERM first, SIGKILL after `grace` seconds; returns the PIDs still alive afterwards (normally none).
-    """
-    for process in reversed(started):  # SuperNodes first, then the SuperLink
-        stop_process(process, timeout=grace)
-    deadline = time.monotonic() + grace
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = [pid for pid in processes_with_token(token) if _alive(pid)]
-        for pid in pids:
-            with suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.1)
-            pids = [pid for pid in pids if _alive(pid)]
-        if not pids:
-            return []
-        deadline = time.monotonic() + 2.0
-    return [pid for pid in processes_with_token(token) if _alive(pid)]
-
-
 class Interrupted(Exception):  # noqa: N818 (it is what happened, not an error)
-    """SIGINT or SIGTERM reached an entry point; its `finally` blocks stop what it started."""
+    """SIGINT or SIGTERM reached an entry point; its `finally` blocks stop what it started.
+
+    The code that knows more fills in `phase` (where the run was: "starting the federation", "in round 3")
+    and `stopped` (the sweep's verified line, `StopReport.describe()`), so the console says only what is
+    known."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
         self.signum = signum
+        self.phase: str | None = None
+        self.stopped: str | None = None
 
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
 
+    @property
+    def reason(self) -> str:
+        """summary.json's `status_reason`: the signal and, when known, the phase it came in."""
+        return f"{self}{f' while {self.phase}' if self.phase else ''}"
+
 
 @contextmanager
 def interruptible() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into `Interrupted` for the duration (so cleanup code runs), then restore."""
+    """Turn SIGINT and SIGTERM into `Interrupted` for the duration (so cleanup code runs), then restore.
+
+    After the first signal both are ignored until the end: a second Ctrl-C (or a SIGINT to the whole
+    process group followed by a SIGTERM) must not break off the cleanup that stops the run's processes."""
 
     def handler(signum: int, frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}

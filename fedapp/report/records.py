@@ -22,9 +22,20 @@ PROGRESS_MARKER = "[fedapp]"  # log lines the runners show on the terminal (the 
 EXIT_CODES = {"completed": 0, "converged": 0, "failed": 1, "degraded": 3}
 
 
-def mark_summary(out_dir: Path, status: str, reason: str) -> dict[str, Any] | None:
-    """Set the status of a run that its entry point saw end (a signal, a lost SuperLink): the server
-    could not say why. Returns the summary, or None when the run wrote none."""
+def start_summary(out_dir: Path, header: Mapping[str, Any], phase: str) -> None:
+    """summary.json before any process starts: status `running` and the phase. The ServerApp replaces it
+    after its first evaluated round; until then an interrupt or a kill still finds a record to mark."""
+    summary = {**header, "status": "running", "status_reason": f"started; {phase}", "phase": phase}
+    write_json(Path(out_dir) / "summary.json", summary)
+
+
+def mark_summary(
+    out_dir: Path, status: str, reason: str, phase: str | None = None, *, only_running: bool = False
+) -> dict[str, Any] | None:
+    """Set the status of a run that its entry point (or its watchdog) saw end: a signal, a kill, a lost
+    SuperLink; the server could not say why. `phase`: where the run was, when known. `only_running`: leave
+    a summary alone unless it still says `running` (the watchdog must not overwrite an entry point's own
+    ending). Returns the summary, or None when the run wrote none."""
     path = Path(out_dir) / "summary.json"
     try:
         summary = json.loads(path.read_text())
@@ -32,8 +43,13 @@ def mark_summary(out_dir: Path, status: str, reason: str) -> dict[str, Any] | No
         return None
     if summary.get("status") in ("completed", "converged"):  # it finished before the end came
         return summary
+    if only_running and summary.get("status", "running") != "running":
+        return summary
+    where = f" while {phase}" if phase else ""
     summary["status"] = status
-    summary["status_reason"] = f"{reason} (in round {summary.get('rounds', 0)})"
+    summary["status_reason"] = f"{reason}{where} ({summary.get('rounds', 0)} round(s) evaluated)"
+    if phase:
+        summary["phase"] = phase
     write_json(path, summary)
     return summary
 
