@@ -127,18 +127,7 @@ def test_a_site_below_the_floor_is_refused_naming_its_file(
         frame = pd.DataFrame(rng.normal(size=(n, 3)), columns=["a", "b", "c"])
         frame.to_csv(tmp_path / f"site-{site}.csv", index=False)
     spec = f"csv:{tmp_path}/site-{{partition-id}}.csv"
-    args = [
-        "--method",
-        "kfed",
-        "--dataset",
-        spec,
-        "--clients",
-        "3",
-        "--set",
-        "k=2",
-        "--set",
-        "min-cluster-size=8",
-    ]
+    args = f"--method kfed --dataset {spec} --clients 3 --set k=2 --set min-cluster-size=8".split()
     err = _refused_in_seconds(capsys, tmp_path / "out", *args)
     assert f"client 2: csv:{tmp_path}/site-2.csv holds 6 records, fewer than the privacy floor" in err
     assert "min-cluster-size=8" in err
@@ -151,17 +140,6 @@ def test_vertical_files_with_disjoint_ids_are_refused(
         frame = pd.DataFrame({"f": np.arange(20.0), "pid": [f"{party}-{i}" for i in range(20)]})
         frame.to_csv(tmp_path / f"view-{party}.csv", index=False)
     spec = f"csv:{tmp_path}/view-{{partition-id}}.csv"
-    args = [
-        "--method",
-        "fedcmv",
-        "--dataset",
-        spec,
-        "--clients",
-        "3",
-        "--set",
-        "k=3",
-        "--set",
-        "id-column=pid",
-    ]
+    args = f"--method fedcmv --dataset {spec} --clients 3 --set k=3 --set id-column=pid".split()
     err = _refused_in_seconds(capsys, tmp_path / "out", *args)
     assert "share only 0 record ids (party 0: 20 ids, party 1: 20 ids, party 2: 20 ids)" in err

@@ -81,18 +81,23 @@ def _assert_embeds_site_1(tmp_path: Path, run: dict[str, Any], node: dict[str, A
     assert vectors.shape[0] == len(pd.read_csv(tmp_path / "site-1.csv"))
 
 
-@pytest.mark.parametrize("node_setting", [None, "off", "{tmp}/site-cache-{{partition-id}}"])
-def test_a_nodes_own_setting_wins(tmp_path: Path, user_cache: Path, node_setting: str | None) -> None:
-    """A SuperNode's `embedding-cache` in its node config overrides the run's, as its node-out-dir does."""
+def _site_run(tmp_path: Path, cache: str) -> dict[str, Any]:
+    """FSBERT k-FED on SITES own text files (written here), each node writing under out-<partition-id>."""
     write_text_sites(tmp_path, SITES)
-    run = {
+    return {
         "method": "fsbert-kfed",
         "dataset": f"csv:{tmp_path}/site-{{partition-id}}.csv",
         "k": 4,
         "id-column": "id",
         "node-out-dir": f"{tmp_path}/out-{{partition-id}}",
-        "embedding-cache": "node",
+        "embedding-cache": cache,
     }
+
+
+@pytest.mark.parametrize("node_setting", [None, "off", "{tmp}/site-cache-{{partition-id}}"])
+def test_a_nodes_own_setting_wins(tmp_path: Path, user_cache: Path, node_setting: str | None) -> None:
+    """A SuperNode's `embedding-cache` in its node config overrides the run's, as its node-out-dir does."""
+    run = _site_run(tmp_path, "node")
     node: dict[str, Any] = {
         "partition-id": 1,
         "num-partitions": SITES,
@@ -113,16 +118,8 @@ def test_a_nodes_own_setting_wins(tmp_path: Path, user_cache: Path, node_setting
 
 def test_a_cache_folder_that_cannot_be_made_does_not_stop_a_node(tmp_path: Path, user_cache: Path) -> None:
     """A node whose cache directory cannot be written (here a file is in the way) embeds without it."""
-    write_text_sites(tmp_path, SITES)
+    run = _site_run(tmp_path, f"{tmp_path}/blocked/{{partition-id}}")
     (tmp_path / "blocked").write_text("a file")
-    run = {
-        "method": "fsbert-kfed",
-        "dataset": f"csv:{tmp_path}/site-{{partition-id}}.csv",
-        "k": 4,
-        "id-column": "id",
-        "node-out-dir": f"{tmp_path}/out-{{partition-id}}",
-        "embedding-cache": f"{tmp_path}/blocked/{{partition-id}}",
-    }
     node = {"partition-id": 1, "num-partitions": SITES, "dataset": f"csv:{tmp_path}/site-1.csv"}
     _assert_embeds_site_1(tmp_path, run, node)
     assert (tmp_path / "blocked").read_text() == "a file"
