@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import replace
+from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,8 @@ class ClusteringStrategy(StrategyHooks, Strategy):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        # Flower's rounds: num-rounds, plus any a method's protocol adds (FSTC's secure Lloyd steps)
-        self.total_rounds = cfg.num_rounds
+        self.total_rounds = cfg.num_rounds  # Flower's: plus any a protocol adds (FSTC's secure Lloyd steps)
+        self.data_file = partial(partition_file, cfg.dataset)  # a partition's own file, if the spec names one
         self.k: int | None = cfg.k or None  # None: clients resolve k = number of classes and report it
         self.out_dir = (
             Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.method, cfg.dataset, cfg.seed)
@@ -220,10 +221,6 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         return None  # no server-side data: evaluation is federated (contingency tables)
 
     # ------------------------------------------------------------------------- within a round
-    def data_file(self, partition_id: int) -> str | None:
-        """The file a partition reads, when the run's dataset names one per partition (`{partition-id}`)."""
-        return partition_file(self.cfg.dataset, partition_id)
-
     def _validated(self, server_round: int, client: ClientProxy, res: FitRes) -> ClientReply | None:
         """The decoded reply if it passes `expected_arrays` and `check_reply`; None (logged) otherwise."""
         try:
