@@ -313,7 +313,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             elif not (self.finished or self.stopped) and self.final_metrics:
                 self.stop_reason = f"max rounds ({self.total_rounds})"
             problems = self.record.losses(self.rounds_run, self.finished, self.final_report.problems)
-            collapsed = self.record.collapse(self.k, self.privacy.collapse_cause())
+            collapsed = self.record.collapse(self.k, self.privacy.collapse_cause()) if self.clusters else None
             if collapsed:  # however the method stopped, a collapsed result is not a clean run
                 self.warn(collapsed)
                 problems.append(collapsed)

@@ -14,6 +14,7 @@ from strategies.replies import ClientReply
 
 class EchoStrategy(ClusteringStrategy):
     method = "bench-echo"
+    clusters = False  # no maths: its "result" is a cost, never a clustering
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)

@@ -27,6 +27,7 @@ class StrategyHooks:
 
     method = "base"
     headline_metrics: tuple[str, ...] = ("acc", "nmi")  # shown in the one-line-per-round progress
+    clusters = True  # its result is a clustering: one using fewer than k / 2 clusters is a fault
     cfg: RunConfig  # the attributes below are set by `ClusteringStrategy.__init__`
     k: int | None
     finished: bool

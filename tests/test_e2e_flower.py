@@ -43,7 +43,8 @@ def test_flwr_simulation_runs_ffcm_rounds_and_writes_summary(tmp_path: Path) -> 
     assert [entry["round"] for entry in rounds] == [1, 2, 3]
     assert (tmp_path / "metrics.png").stat().st_size > 0
     # the in-process engine runs the same classes: identical metrics for the same seed
-    same = execute(build_overrides({**overrides, "out-dir": ""}, tmp_path / "inprocess"), engine="inprocess")
+    apart = {**overrides, "out-dir": "", "node-out-dir": ""}  # its own folder and node folders
+    same = execute(build_overrides(apart, tmp_path / "inprocess"), engine="inprocess")
     assert same["metrics"] == pytest.approx(summary["metrics"], abs=1e-12)
 
 

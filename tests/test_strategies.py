@@ -202,7 +202,7 @@ def test_a_client_failure_does_not_stop_the_round(tmp_path: Path, caplog: pytest
     assert stats == {"accepted": 2, "rejected": 0, "failures": 2}
     assert _centres(parameters).shape == (3, 2)
     assert "RuntimeError: node lost" in caplog.text
-    assert "client q: FIT_NOT_IMPLEMENTED" in caplog.text
+    assert "node q (partition-id unknown): FIT_NOT_IMPLEMENTED" in caplog.text
 
 
 BAD_KFED_REPLIES: dict[str, tuple[list[np.ndarray], dict[str, Any], str]] = {
