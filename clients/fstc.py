@@ -473,12 +473,11 @@ class FSTCClient(ClusteringClient):
         values = (
             forward_all(self.build_model(inputs), inputs, self.update.eval_batch)[0].cpu().double().numpy()
         )
-        sums, counts = centre_statistics(values, global_centres)
-        small = counts < self.uplink.floor
-        withheld = int((small & (counts > 0)).sum())
-        sums, counts = np.where(small[:, None], 0.0, sums), np.where(small, 0, counts).astype(np.int64)
+        sums, counts = (torch.from_numpy(a) for a in centre_statistics(values, global_centres))
+        sums, counts, withheld = withhold_small_clusters(sums, counts, self.uplink.floor)  # privacy floor
         metrics = {**self.identity_metrics(), WITHHELD_KEY: withheld}
-        return self.uplink.send([sums, counts], [SUM, SUM], self.data.n_samples, metrics)
+        arrays = [sums.numpy(), counts.numpy().astype(np.int64)]
+        return self.uplink.send(arrays, [SUM, SUM], self.data.n_samples, metrics)
 
     # ------------------------------------------------------------------ differential privacy
     def public_model(self, inputs: LocalInputs) -> FSTCModel:

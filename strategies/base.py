@@ -37,7 +37,7 @@ from fedapp.app.checkpoint import checkpoint_dir, load_strategy, save_strategy
 from fedapp.config.run import RunConfig
 from fedapp.report.records import PROGRESS_MARKER, default_out_dir
 from fedapp.wire import ReplyError
-from strategies.failures import failure_line, partition_file
+from strategies.failures import partition_file
 from strategies.hooks import StrategyHooks
 from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord, run_status
@@ -45,7 +45,6 @@ from strategies.replies import (
     ClientReply,
     consensus_k,
     decode_reply,
-    describe_failure,
 )
 from strategies.replies import consistent_replies as consistent_replies  # re-exported for fstc, fsccl
 from strategies.report import FinalReport
@@ -200,9 +199,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
     ) -> tuple[float | None, dict[str, Scalar]]:
         self.record.client_seconds(server_round, "evaluate", [res.metrics for _, res in results])
         with self.record.stopwatch(server_round, "server_aggregate_s"):
-            for failure in failures:
-                line = failure_line(describe_failure(failure), self.partition_of, self.data_file)
-                log(WARNING, "%s evaluation failure in round %d: %s", PROGRESS_MARKER, server_round, line)
+            self.record.failures(server_round, failures, self.partition_of, self.data_file, stage="evaluate")
             results = sorted(results, key=lambda item: item[0].cid)
             self.record.received(server_round, "evaluate", results)
             evaluated = self.evaluation_metrics(server_round, results)

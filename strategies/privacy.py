@@ -32,7 +32,7 @@ from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import weighted_centre_sums
 from fedapp.methods import method_spec
 from fedapp.privacy.dp import RELEASES_KEY, floor_variances
-from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
+from fedapp.privacy.floor import min_cluster_size
 from fedapp.privacy.plan import DPPlan, dp_plan
 from fedapp.privacy.secagg import (
     CENTRES,
@@ -226,7 +226,7 @@ class PrivacyLayer:
     @property
     def floor_size(self) -> int:
         """The privacy floor every client enforces at least (a node may raise its own)."""
-        return max(CLIENT_MIN_CLUSTER, self.cfg.min_cluster_size)
+        return min_cluster_size(self.cfg.min_cluster_size, {})
 
     def collapse_cause(self) -> str:
         """The likely cause of a clustering that collapsed into a few clusters."""

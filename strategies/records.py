@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Scalar, log
+from flwr.common import EvaluateRes, FitRes, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.app.managed_client import SECONDS_KEY
@@ -109,16 +109,20 @@ class RunRecord:
     def failures(
         self,
         server_round: int,
-        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+        failures: list[tuple[ClientProxy, FitRes | EvaluateRes] | BaseException],
         partition_of: Mapping[str, int] | None = None,
         file_of: Callable[[int], str | None] | None = None,
+        *,
+        stage: str = "fit",
     ) -> None:
-        """Keep why clients failed a fit round, one line each (partition id, file, the client's own cause:
-        `strategies.failures`), and show it on the console; the full text is in flower.log."""
+        """Show why clients failed a round on the console, one line each (partition id, file, the client's
+        own cause: `strategies.failures`), and keep a fit round's; the full text is in flower.log."""
         for failure in failures:
             line = failure_line(describe_failure(failure), partition_of, file_of)
-            self.failure_messages.append(line)
-            log(WARNING, "%s client failure in round %d: %s", PROGRESS_MARKER, server_round, line)
+            if stage == "fit":
+                self.failure_messages.append(line)
+            kind = "client" if stage == "fit" else "evaluation"
+            log(WARNING, "%s %s failure in round %d: %s", PROGRESS_MARKER, kind, server_round, line)
 
     def outcome(self, server_round: int, accepted: list[str], rejected: list[str], failed: list[str]) -> None:
         self.participation.setdefault(server_round, {}).update(

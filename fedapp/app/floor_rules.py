@@ -55,9 +55,9 @@ class FloorRule:
 def run_floor(cfg: RunConfig) -> int:
     """The floor every client enforces at least: max(the client's own default, the run config's) (a node
     config can only raise it further, on its own node)."""
-    from fedapp.privacy.floor import CLIENT_MIN_CLUSTER  # here: the floor's module imports scikit-learn
+    from fedapp.privacy.floor import min_cluster_size  # here: the floor's module imports scikit-learn
 
-    return max(CLIENT_MIN_CLUSTER, cfg.min_cluster_size)
+    return min_cluster_size(cfg.min_cluster_size, {})
 
 
 def floor_rule(cfg: RunConfig, k: int) -> FloorRule:
