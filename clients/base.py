@@ -15,6 +15,7 @@ from flwr.app import Array, ArrayRecord
 from flwr.client import NumPyClient
 from flwr.common import Context, NDArrays, Scalar
 
+from clients.keep import score_candidates
 from clients.report import ClientReport
 from fedapp.config.run import RunConfig
 from fedapp.datasets.local import LocalData, client_seed, local_partition, local_view, own_file, owns_file
@@ -26,6 +27,7 @@ from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, al
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
 from fedapp.privacy.uplink import Uplink
 from fedapp.report.assignments import node_out_dir, run_name
+from fedapp.report.keep import KEEP_KEY
 from fedapp.report.stages import REPORT_KEY, SIZES_KEY, TABLE_KEY, Assignment
 from fedapp.wire import encode_array
 
@@ -109,6 +111,8 @@ class ClusteringClient(NumPyClient):
         (cluster sizes when it has no labels). The final report's stages go to `final_report`."""
         if REPORT_KEY in config:
             return self.final_report.evaluate(parameters, config)
+        if KEEP_KEY in config:  # `select = best`: score the starting and the final clustering
+            return score_candidates(self, parameters, config)
         return (
             0.0,
             self.data.n_samples,

@@ -88,6 +88,7 @@ from fedapp.privacy.dp import (
 from fedapp.privacy.floor import WITHHELD_KEY
 from fedapp.privacy.secagg import CLEAR, SUM
 from fedapp.privacy.uplink import Reply
+from fedapp.report.keep import BY_CENTRES, LABELS_BY_KEY
 from fedapp.report.stages import Assignment, nearest_with_distance
 
 
@@ -620,7 +621,7 @@ class FSTCClient(ClusteringClient):
 
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
         """argmax O; score = softmax(O) of that cluster; metric space = the representations E."""
-        if self.centre_labels:
+        if self.centre_labels or config.get(LABELS_BY_KEY) == BY_CENTRES:
             return self.assign_by_centres(list(parameters))
         inputs = self.local_inputs(augmented=False)
         model = self.build_model(inputs)
@@ -637,11 +638,12 @@ class FSTCClient(ClusteringClient):
         )
 
     def assign_by_centres(self, parameters: NDArrays) -> Assignment:
-        """Under DP with `dp-labels = centres` the global model is [C̃, *the public initial model]: each
-        record goes to its nearest centre in the space the centres were computed in (its clipped initial
-        representation); score = the distance to it; metric space = that clipped space."""
+        """The global model is [C̃, *the initial model] under DP with `dp-labels = centres`, and when
+        `select = best` kept the starting clustering: each record goes to its nearest centre in the space
+        the centres were computed in (its initial representation, clipped to dp.clip under DP); score =
+        the distance to it; metric space = that space."""
         if not parameters:
-            raise ValueError("under DP with fstc.dp-labels=centres the global model starts with the centres")
+            raise ValueError("a nearest-centre model starts with the centres (array 0)")
         centres, model_arrays = np.asarray(parameters[0], np.float64), list(parameters[1:])
         if centres.ndim != 2 or centres.shape[0] != self.k:
             raise ValueError(f"global centres of shape {centres.shape}, this client has k={self.k}")
@@ -649,7 +651,7 @@ class FSTCClient(ClusteringClient):
         model = self.build_model(inputs)
         load_state_arrays(model, model_arrays, sender="server")
         representations = forward_all(model, inputs, self.update.eval_batch)[0].cpu().double().numpy()
-        space = clip_rows(representations, self.cfg.dp.clip)
+        space = clip_rows(representations, self.cfg.dp.clip) if self.uplink.private else representations
         labels, distances = nearest_with_distance(space, centres)
         return Assignment(labels, distances, "distance", space)
 

@@ -62,7 +62,8 @@ def predict(model_dir: Path, dataset: str, out: Path, overrides: Mapping[str, An
     check_out_dir(out.parent if str(out.parent) else Path("."))
     context = Context(run_id=0, node_id=0, node_config=node_config, state=RecordDict(), run_config=run_config)
     client = load_class(spec.client)(context, cfg)  # type: ignore[arg-type]
-    assignment = client.assign(list(saved.arrays), {})
+    # a run that kept its starting clustering (`select = best`) says how to apply it
+    assignment = client.assign(list(saved.arrays), dict(saved.info.get("assign_config") or {}))
     write_assignments(out, client.data.ids, assignment.labels, assignment.scores)
     return len(assignment.labels)
 

@@ -51,6 +51,7 @@ from fedapp.models.fstc import fstc_model
 from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
 from fedapp.privacy.floor import WITHHELD_KEY
 from fedapp.privacy.secagg import MEAN, SUM
+from fedapp.report.keep import BY_CENTRES, LABELS_BY_KEY, StartCandidate
 from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
@@ -86,6 +87,7 @@ class FSTCStrategy(ClusteringStrategy):
         "has_model",
         "train_metrics",
         "lloyd_done",
+        "start_centres",
     )
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -103,6 +105,7 @@ class FSTCStrategy(ClusteringStrategy):
         self.lloyd_rounds = lloyd_rounds(self.privacy.secure, self.params)
         self.total_rounds += self.lloyd_rounds
         self.lloyd_done = 0  # secure Lloyd steps taken on the moments init (`PHASE_LLOYD`)
+        self.start_centres: np.ndarray | None = None  # C̃ as training starts: the k-FED-like clustering
         # under DP with dp-labels = centres: labels by the nearest C̃, no model sent or released
         self.centre_labels = self.privacy.private and not self.params.dp_model_release
         if cfg.num_rounds < 2:
@@ -132,6 +135,8 @@ class FSTCStrategy(ClusteringStrategy):
             ins = FitIns(ndarrays_to_parameters([self.centres]), {**config, "phase": PHASE_LLOYD})
             return [(client, ins) for client in clients]
         config.update(phase=PHASE_TRAIN, **{FINAL_KEY: server_round >= self.total_rounds})
+        if self.start_centres is None:
+            self.start_centres = self.centres.copy()
         instructions = []
         for client in clients:
             # with centre labels a client needs no model: it builds the public one from the run seed
@@ -355,6 +360,14 @@ class FSTCStrategy(ClusteringStrategy):
                 "train_per_round": self.train_metrics,
             },
         }
+
+    def start_candidate(self) -> StartCandidate | None:
+        """The initial global centres with the initial model: each record to its nearest centre in the
+        initial representation space, which is FSBERT k-FED's clustering of this federation."""
+        if self.start_centres is None or self.initial_model is None or self.centre_labels:
+            return None
+        arrays = [self.start_centres, *self.initial_model]
+        return StartCandidate(arrays, {LABELS_BY_KEY: BY_CENTRES}, "fsbert-kfed")
 
     def model_description(self) -> dict[str, Any]:
         """model.json says how the weights are laid out when they are not the trained model alone."""

@@ -18,6 +18,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedapp.app.checkpoint import RESUME_KEY
 from fedapp.config.run import RunConfig
+from fedapp.report.keep import StartCandidate
 from fedapp.wire import ArraySpec
 from strategies.replies import ClientReply, contingency_evaluation
 
@@ -128,6 +129,11 @@ class StrategyHooks:
     def report_parameters(self) -> Parameters | None:
         """The global model the clients label their records with (and `predict` reloads)."""
         return self.latest_parameters
+
+    def start_candidate(self) -> StartCandidate | None:
+        """The starting clustering `select = best` compares the final one with (None: the method has
+        none, e.g. a one-shot method)."""
+        return None
 
     def report_views(self) -> int | None:
         """How many parties' views make up a record (vertical federations: the report needs every view's

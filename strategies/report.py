@@ -63,6 +63,7 @@ from fedapp.report.stages import (
     STAGE_ASSIGN,
     STAGE_DISTANCES,
 )
+from strategies.keep import ModelChoice
 from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord
 from strategies.replies import describe_failure
@@ -118,6 +119,7 @@ class FinalReport:
         self.reporters: dict[int, str] = {}  # partition -> the client that sent them, asked for distances
         self.asked: list[str] = []  # clients sent the current stage
         self.started = 0.0  # perf_counter at stage 1: the report's seconds, both stages end to end
+        self.choice = ModelChoice(host)  # type: ignore[arg-type]  # `select = best`: which model to label with
 
     @property
     def vertical(self) -> bool:
@@ -139,11 +141,13 @@ class FinalReport:
         if self.host.stopped or self.host.k is None:
             return []
         if stage == STAGE_ASSIGN:
-            parameters = self.host.report_parameters()
+            parameters = self.choice.parameters() or self.host.report_parameters()
             if parameters is None or not parameters.tensors:
                 return []
             self.parameters, self.started = parameters, time.perf_counter()
-            ins = EvaluateIns(parameters, {REPORT_KEY: STAGE_ASSIGN})
+            if self.choice.summary:
+                self.summary["select"] = self.choice.summary
+            ins = EvaluateIns(parameters, {REPORT_KEY: STAGE_ASSIGN, **self.choice.assign_config})
             instructions = [
                 (client, ins) for client in self.host.roster.usable(client_manager, self.host.record)
             ]
@@ -345,6 +349,7 @@ class FinalReport:
             "score": self.summary.get("score"),
             "label_free": self.summary.get("label_free"),
             **host.model_description(),
+            **self.choice.model_fields(),
         }
         try:
             write_model(host.out_dir / MODEL_DIR, info, arrays, torch_weights=spec.torch_model)
@@ -360,12 +365,14 @@ class FinalReport:
             "sums": self.sums,
             "reporters": self.reporters,
             "asked": self.asked,
+            "choice": self.choice.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The inverse of `state_dict`."""
         self.summary, self.parameters, self.sums = state["summary"], state["parameters"], state["sums"]
         self.reporters, self.asked = state["reporters"], state["asked"]
+        self.choice.load_state_dict(state["choice"])
 
 
 def _describe_metrics(metrics: dict[str, Any]) -> str:

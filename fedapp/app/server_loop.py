@@ -57,6 +57,8 @@ REPORT_GROUP = 0  # message group id of the final report (Flower's rounds start 
 class ReportStages(Protocol):
     """The final report's stages (`fedapp.report.stages`), as a strategy's report object runs them."""
 
+    choice: ChoiceStage
+
     def configure(self, stage: str, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         """The instructions for `stage` ([]: nothing to do)."""
         ...
@@ -86,6 +88,18 @@ class ReportStages(Protocol):
     ) -> str:
         """Take a stage's secure totals: SECURE_DONE, SECURE_RETRY (smaller scale) or SECURE_STOP."""
         ...
+
+
+class ChoiceStage(Protocol):
+    """`select = best`'s one scoring message before the report (`strategies.keep.ModelChoice`)."""
+
+    def configure(self, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]: ...
+
+    def aggregate(
+        self,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -176,6 +190,9 @@ def run_report(
 ) -> None:
     """The final report (`fedapp.report.stages`): each stage's messages out, replies to the report."""
     report = strategy.final_report
+    choosing = report.choice.configure(client_manager)  # `select = best`: score start and final first
+    if choosing:
+        report.choice.aggregate(*collect(choosing, REPORT_GROUP, timeout, max_workers))
     for stage in STAGES:
         instructions = report.configure(stage, client_manager)
         if not instructions:

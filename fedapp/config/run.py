@@ -78,6 +78,12 @@ class RunConfig(ConfigSection):
     ratio: str = config_key("6:4", doc="client size ratio of partition size-ratio (FSTC rho), e.g. 9:1")
     alpha: float = config_key(0.5, gt=0.0, doc="Dirichlet label skew of partition dirichlet")
     k: int = config_key(0, ge=0, doc="clusters; 0 = number of classes")
+    select: str = config_key(
+        "best",
+        choices=("best", "final"),
+        doc="iterative methods: best = keep the starting clustering when training made it clearly worse "
+        "by a label-free criterion (docs/model-selection.md); final = always the last model (paper presets)",
+    )
     max_samples: int = config_key(0, ge=0, doc="> 0: a seeded class-stratified subsample (quick runs)")
     imbalance: float = config_key(
         0.0, ge=0.0, doc=">= 1: a seeded long-tailed subset, largest / smallest class = this (0 = off)"

@@ -1,0 +1,183 @@
+"""Server side of `select = best` (`fedapp.report.keep`), composed into the final report: one evaluate
+message before the report's stages scores the start and the final clustering; the report then labels
+with the kept one, `summary.json` `report.select` says which and why, model.json says how to apply it."""
+
+from __future__ import annotations
+
+from logging import INFO, WARNING
+from typing import Any, Protocol
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    Parameters,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from fedapp.config.run import RunConfig
+from fedapp.metrics.contingency import clustering_metrics
+from fedapp.report.keep import (
+    CANDIDATE_SUMS_KEY,
+    CANDIDATES,
+    FINAL_TABLE_KEY,
+    KEEP_KEY,
+    START_ARRAYS_KEY,
+    START_TABLE_KEY,
+    Choice,
+    StartCandidate,
+    choose,
+    decode_candidate_sums,
+    merge_candidate_sums,
+)
+from fedapp.wire import ReplyError, decode_counts
+from strategies.privacy import PrivacyLayer
+from strategies.records import RunRecord
+from strategies.replies import describe_failure
+from strategies.roster import ClientRoster
+
+Failures = list[tuple[ClientProxy, EvaluateRes] | BaseException]
+
+
+class ChoiceHost(Protocol):
+    """What the choice needs of its strategy (`strategies.base.ClusteringStrategy`)."""
+
+    cfg: RunConfig
+    k: int | None
+    stopped: bool
+    rounds_run: int
+    roster: ClientRoster
+    record: RunRecord
+    privacy: PrivacyLayer
+    final_metrics: dict[str, float] | None
+
+    def report_parameters(self) -> Parameters | None: ...
+
+    def start_candidate(self) -> StartCandidate | None: ...
+
+    def warn(self, message: str) -> None: ...
+
+
+class ModelChoice:
+    """Which model the final report labels with (module docstring); `summary` is `report.select`."""
+
+    def __init__(self, host: ChoiceHost) -> None:
+        self.host = host
+        self.summary: dict[str, Any] = {}
+        self.start: StartCandidate | None = None  # set when the start was kept
+        self._candidate: StartCandidate | None = None  # the start that was sent to be scored
+
+    def skip_reason(self) -> str | None:
+        """Why no choice is made this run (None: it is made)."""
+        host = self.host
+        if host.cfg.select != "best":
+            return "select = final"
+        if host.privacy.private or host.privacy.secure:  # its statistics are neither noised nor masked
+            return "not under differential privacy or SecAgg+ (the final model is kept)"
+        return None
+
+    def configure(self, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """The one scoring message, or [] (no start to compare, `select = final`, a stopped run)."""
+        host = self.host
+        if host.stopped or host.k is None or self.summary:
+            return []
+        start, final = host.start_candidate(), host.report_parameters()
+        if start is None or final is None or not final.tensors:
+            return []
+        reason = self.skip_reason()
+        if reason is not None:
+            self.summary = {"kept": "final", "why": reason}
+            return []
+        arrays = [*start.arrays, *parameters_to_ndarrays(final)]
+        config = {KEEP_KEY: True, START_ARRAYS_KEY: len(start.arrays), **start.assign_config}
+        ins = EvaluateIns(ndarrays_to_parameters(arrays), config)
+        instructions = [(client, ins) for client in host.roster.usable(client_manager, host.record)]
+        host.record.sent(host.rounds_run + 1, "report", instructions)
+        self._candidate = start
+        return instructions
+
+    def aggregate(self, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures) -> None:
+        """Merge the candidates' statistics, choose, and make the kept model the report's."""
+        host = self.host
+        host.record.received(host.rounds_run + 1, "report", results)
+        for failure in failures:
+            log(WARNING, "model choice: client failure: %s", describe_failure(failure))
+        parts, tables = [], {name: [] for name in CANDIDATES}
+        for client, res in results:
+            try:
+                parts.append(decode_candidate_sums(res.metrics.get(CANDIDATE_SUMS_KEY)))
+                for name, key in zip(CANDIDATES, (START_TABLE_KEY, FINAL_TABLE_KEY), strict=True):
+                    if key in res.metrics:
+                        tables[name].append(decode_counts(res.metrics[key]))
+            except ReplyError as exc:
+                log(WARNING, "model choice: rejected the reply of client %s: %s", client.cid, exc)
+        if not parts:
+            self.summary = {"kept": "final", "why": "no client scored the candidates"}
+            return
+        try:
+            choice = choose(merge_candidate_sums(parts), host.cfg.select)
+        except ReplyError as exc:
+            self.summary = {"kept": "final", "why": f"candidate statistics do not merge: {exc}"}
+            return
+        self.summary = self._describe(choice, tables, len(parts))
+        if choice.degraded and self._candidate is not None:
+            self.start = self._candidate
+            start_metrics = self.summary.get("labelled", {}).get("start")
+            if start_metrics:  # the run's metrics are the kept model's
+                host.final_metrics = {**(host.final_metrics or {}), **start_metrics}
+            scores = choice.scores
+            host.warn(
+                f"training made the clustering worse (Calinski-Harabasz in the starting space "
+                f"{_fmt(scores['final'])} against {_fmt(scores['start'])} at the start): kept the starting "
+                f"clustering, which is what `--method {self.start.method}` computes for this data"
+            )
+        log(
+            INFO,
+            "model choice: kept the %s clustering (CH start %s, final %s)",
+            choice.kept,
+            _fmt(choice.scores["start"]),
+            _fmt(choice.scores["final"]),
+        )
+
+    def _describe(self, choice: Choice, tables: dict[str, list[np.ndarray]], clients: int) -> dict[str, Any]:
+        summary: dict[str, Any] = {
+            "kept": choice.kept,
+            "criterion": "calinski_harabasz in the starting clustering's space",
+            "scores": choice.scores,
+            "clusters_used": choice.clusters_used,
+            "clients": clients,
+        }
+        if all(tables.values()):
+            summary["labelled"] = {
+                name: clustering_metrics(np.sum(parts, axis=0)) for name, parts in tables.items()
+            }
+        return summary
+
+    # --------------------------------------------------------------- what the report labels with
+    def parameters(self) -> Parameters | None:
+        """The kept start as the report's model; None: the final model."""
+        return None if self.start is None else ndarrays_to_parameters(self.start.arrays)
+
+    @property
+    def assign_config(self) -> dict[str, str]:
+        return {} if self.start is None else dict(self.start.assign_config)
+
+    def model_fields(self) -> dict[str, Any]:
+        """model.json: how `fedapp predict` applies the kept model."""
+        if self.start is None:
+            return {}
+        return {"kept": "start", "assign_config": self.assign_config}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary, "start": self.start}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.summary, self.start = state["summary"], state["start"]
+
+
+def _fmt(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4g}"
