@@ -141,6 +141,18 @@ def _parser() -> argparse.ArgumentParser:
     methods = sub.add_parser("methods", help="list methods with their config keys, defaults and presets")
     methods.add_argument("name", nargs="?", help="one method only")
     methods.add_argument(
+        "--for",
+        dest="for_data",
+        metavar="DATA",
+        help="which methods apply to DATA (a dataset or your files) and which the measured tables favour "
+        "for its shape (site skew measured as FSTC measures it); --clients, --partition and --set as for run",
+    )
+    methods.add_argument("--clients", type=int, default=4, help="with --for: the number of sites")
+    methods.add_argument("--partition", help="with --for: how a benchmark is split over the sites")
+    methods.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="with --for: run-config keys"
+    )
+    methods.add_argument(
         "--toml", action="store_true", help="print the [tool.flwr.app.config] tables pyproject.toml must hold"
     )
     stop = sub.add_parser(
@@ -231,6 +243,13 @@ def _command(args: argparse.Namespace) -> int:
         infos = dataset_infos()
         columns = shutil.get_terminal_size().columns
         print(dataset_markdown(infos) if args.markdown else format_dataset_table(infos, columns))
+    elif args.command == "methods" and args.for_data:
+        from simulation.advice import advise
+
+        keys = {"num-clients": args.clients, **parse_set_options(args.set)}
+        if args.partition:
+            keys["partition"] = args.partition
+        print(advise(args.for_data, keys).render())
     elif args.command == "methods":
         print(render_config_toml() if args.toml else describe_methods(args.name))
     elif args.command == "run":

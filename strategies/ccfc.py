@@ -47,6 +47,7 @@ from fedapp.methods.ccfc import (
 from fedapp.metrics.contingency import clustering_metrics
 from fedapp.models.ccfc import initial_model
 from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
+from fedapp.report.keep import StartCandidate
 from fedapp.wire import ArraySpec, ReplyError, decode_counts
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, keep_modal
@@ -109,6 +110,7 @@ class CCFCStrategy(ClusteringStrategy):
         "centroids_round",
         "phases",
         "client_metrics",
+        "start_arrays",
     )
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -121,6 +123,7 @@ class CCFCStrategy(ClusteringStrategy):
         self.centroids_round = 0  # the round whose replies produced `centroids`
         self.phases: dict[int, str] = {}
         self.client_metrics: dict[int, dict[str, dict[str, float]]] = {}  # round -> partition -> metrics
+        self.start_arrays: list[np.ndarray] | None = None  # the first global model + centroids evaluated
 
     # ------------------------------------------------------------------------------------ rounds
     def phase(self, server_round: int) -> str:
@@ -210,12 +213,20 @@ class CCFCStrategy(ClusteringStrategy):
                 local = [r.arrays[n_state] * np.float32(scale) for r in replies]
                 self.centroids = merge_centroids(local, self.k, self.cfg.seed + server_round)
                 self.centroids_round = server_round
+                if self.start_arrays is None:
+                    self.start_arrays = [a.copy() for a in [*self.global_state, self.centroids]]
             return self._broadcast()
         # standalone: nothing to average; the clients keep their models and centroids
         if self.wants_centroids(server_round):
             self.centroids_round = server_round
             self.centroids = np.zeros((0,), np.float32)
         return ndarrays_to_parameters([np.zeros((0,), np.float32)])
+
+    def start_candidate(self) -> StartCandidate | None:
+        """The first clustering the run evaluates (after pre-training: k-means of the local centroids)."""
+        if self.start_arrays is None:
+            return None
+        return StartCandidate(self.start_arrays, {}, "")
 
     def _setup(self, replies: list[ClientReply]) -> Parameters:
         """Alg. 1 line 1: the initial global model from the run seed, for the clients' image shape."""

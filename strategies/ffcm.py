@@ -22,6 +22,7 @@ from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import centres_from_moments, kmeans
 from fedapp.methods.ffcm import FFCMConfig
 from fedapp.privacy.secagg import MEAN, SUM
+from fedapp.report.keep import StartCandidate
 from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClusteringStrategy
 from strategies.replies import ClientReply, consistent_replies
@@ -64,7 +65,7 @@ def relative_shift(old: np.ndarray, new: np.ndarray) -> float:
 
 class FFCMStrategy(ClusteringStrategy):
     method = "ffcm"
-    state_fields = ("centres", "shifts")
+    state_fields = ("centres", "shifts", "initial_centres")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
@@ -73,6 +74,7 @@ class FFCMStrategy(ClusteringStrategy):
         self.init = "moments" if self.privacy.sums_only else self.params.init
         self.centres: np.ndarray | None = None
         self.shifts: list[float] = []
+        self.initial_centres: np.ndarray | None = None  # after round 1: the one-shot clustering
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         phase = (
@@ -123,6 +125,8 @@ class FFCMStrategy(ClusteringStrategy):
                 [r.arrays[0] for r in replies], [r.arrays[1] for r in replies], self.k, self.cfg.seed
             )
             log(INFO, "FFCM: initial centres from %d clients' local FCM centres", len(replies))
+        if self.initial_centres is None:
+            self.initial_centres = self.centres.copy()
         else:  # the FCM centre update over the union, from the federation's totals
             sums = self.privacy.totals([r.arrays[0] for r in replies])
             mass = self.privacy.totals([r.arrays[1] for r in replies], nonnegative=True)
@@ -135,6 +139,12 @@ class FFCMStrategy(ClusteringStrategy):
                     f"relative centre shift {self.shifts[-1]:.2e} <= delta",
                 )
         return ndarrays_to_parameters([self.centres])
+
+    def start_candidate(self) -> StartCandidate | None:
+        """The initial global centres (weighted k-means over the local FCM centres, k-FED's scheme)."""
+        if self.initial_centres is None:
+            return None
+        return StartCandidate([self.initial_centres], {}, "kfed")
 
     def effective_config(self) -> dict[str, Any]:
         return {**super().effective_config(), "ffcm.init": self.init}

@@ -33,7 +33,14 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config.run import RunConfig
 from fedapp.maths.clustering import centres_from_moments
-from fedapp.maths.fstc import EMPTY_TOTAL, centres_from_totals, initial_centres, relocate_empty, site_skew
+from fedapp.maths.fstc import (
+    EMPTY_TOTAL,
+    SITE_SKEW_WARNING,
+    centres_from_totals,
+    initial_centres,
+    relocate_empty,
+    site_skew,
+)
 from fedapp.methods.fstc import (
     CENTRES_KEY,
     FINAL_KEY,
@@ -60,7 +67,6 @@ from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 DP_CENTRE_ROUNDS = 11
 # mean site skew (`fstc_math.site_skew`) above which the run warns: IID sites measure 0.02-0.04, the
 # label-skewed sets of docs/methods/fstc.md ("Real data shapes") 0.29 and more
-SITE_SKEW_WARNING = 0.15
 
 
 def training_row(server_round: int, replies: list[ClientReply]) -> dict[str, float]:

@@ -133,7 +133,12 @@ class ModelChoice:
             host.warn(
                 f"training made the clustering worse (Calinski-Harabasz in the starting space "
                 f"{_fmt(scores['final'])} against {_fmt(scores['start'])} at the start): kept the starting "
-                f"clustering, which is what `--method {self.start.method}` computes for this data"
+                "clustering"
+                + (
+                    f" (`--method {self.start.method}` is the one-shot method it amounts to)"
+                    if self.start.method
+                    else ""
+                )
             )
         log(
             INFO,

@@ -376,6 +376,9 @@ def initial_centres(
     return centres
 
 
+SITE_SKEW_WARNING = 0.15  # mean site skew above which sites hold different topics (docs/methods/fstc.md)
+
+
 def site_skew(
     points: Sequence[np.ndarray], weights: Sequence[np.ndarray], centres: np.ndarray
 ) -> list[float]:

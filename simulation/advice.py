@@ -1,0 +1,130 @@
+"""`fedapp methods --for DATA`: which methods apply to a federation's data and which the measured tables
+favour for its shape, with the evidence.
+
+The shape that decides between the text methods is label skew across sites (docs/methods/fstc.md, "Real
+data shapes"). It is measured here as FSTC's own run measures it (`fedapp.maths.fstc.site_skew`): every
+site's k local k-means centres and sizes in the space the methods cluster in (sentence embeddings for
+texts, the features for vectors), the global centres from their union, then each site's share over them
+against the federation's. This runs on the machine that holds the sites' files (a simulation, or one
+site's administrator with a sample of each); a deployed FSTC run reports the same number in summary.json.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedapp.config.run import RunConfig, parse_run_config
+from fedapp.datasets.local import LocalData, local_partition, own_file, owns_file
+from fedapp.datasets.registry import dataset_info
+from fedapp.datasets.sources import Columns
+from fedapp.features.texts import embedding_cache, local_embeddings
+from fedapp.maths.fstc import SITE_SKEW_WARNING, initial_centres, site_skew
+from fedapp.methods import METHODS, methods_for_kind
+from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, floored_kmeans
+
+SKEW_EVIDENCE = "docs/methods/fstc.md#real-data-shapes-label-skewed-sites-long-tailed-clusters-many-clusters"
+FSTC_MAX_LENGTH = 32  # tokens, as FSTC and fsbert-kfed embed (their max-length default)
+DEFAULT_K = 10  # clusters for the skew measure when neither k nor labels say
+
+
+@dataclass(frozen=True)
+class Advice:
+    kind: str
+    sites: int
+    records: list[int]
+    skew: list[float] | None  # per site; None: not measured (one site, or a vertical federation)
+    applicable: tuple[str, ...]
+    favoured: list[tuple[str, str]]  # (method, why with its evidence)
+
+    def render(self) -> str:
+        lines = [
+            f"data: {self.kind}, {self.sites} sites, {sum(self.records)} records ({self.records} per site)"
+        ]
+        if self.skew is not None:
+            mean = float(np.mean(self.skew))
+            shape = "sites hold different clusters" if mean > SITE_SKEW_WARNING else "sites look alike"
+            per_site = ", ".join(f"{value:.2f}" for value in self.skew)
+            lines.append(f"site skew: mean {mean:.2f} ({per_site}); {shape} (threshold {SITE_SKEW_WARNING})")
+        lines.append(f"methods for {self.kind}: {', '.join(self.applicable)}")
+        for method, why in self.favoured:
+            lines += textwrap.wrap(f"favoured: {method} — {why}", 110, subsequent_indent="    ")
+        return "\n".join(lines)
+
+
+def _space(cfg: RunConfig, data: LocalData, site: int) -> np.ndarray:
+    """The space the methods cluster in; own texts' embeddings are cached only where the run would
+    (`embedding-cache` a directory), benchmark texts' in the shared user cache."""
+    if data.dataset.texts is None:
+        return np.asarray(data.features, dtype=np.float64)
+    setting = "off" if cfg.own_data and cfg.embedding_cache in ("auto", "node") else cfg.embedding_cache
+    cache = embedding_cache(setting, own_data=cfg.own_data, node_dir=Path("."), partition_id=site)
+    return local_embeddings(data, cfg.embedding_model, FSTC_MAX_LENGTH, cfg.device, cache)
+
+
+def _sites(cfg: RunConfig) -> list[LocalData]:
+    if owns_file(cfg):
+        return [own_file(cfg, site) for site in range(cfg.num_clients)]
+    return [local_partition(cfg, site, cfg.num_clients) for site in range(cfg.num_clients)]
+
+
+def measure_skew(cfg: RunConfig, sites: list[LocalData], k: int) -> list[float]:
+    """FSTC's site skew of these sites (module docstring)."""
+    points, weights = [], []
+    for site, data in enumerate(sites):
+        space = _space(cfg, data, site)
+        centres, counts, _ = floored_kmeans(space, k, cfg.seed + site, CLIENT_MIN_CLUSTER, n_init=1)
+        points.append(centres)
+        weights.append(counts.astype(np.float64))
+    return site_skew(points, weights, initial_centres(points, weights, k, cfg.seed))
+
+
+def favoured(kind: str, skew: float | None) -> list[tuple[str, str]]:
+    """What the measured tables say for this kind and shape."""
+    if kind == "texts":
+        if skew is not None and skew > SITE_SKEW_WARNING:
+            return [
+                (
+                    "fsbert-kfed",
+                    "with sites holding different topics FSTC's training loses what its start had "
+                    f"(StackOverflow alpha 0.3: 51.9 against 70.7 NMI; {SKEW_EVIDENCE}); FSTC with "
+                    "select = best falls back to that start when it sees the loss",
+                )
+            ]
+        return [("fstc", f"level with or above fsbert-kfed on IID and long-tailed sites ({SKEW_EVIDENCE})")]
+    if kind == "multiview":
+        return [("cefmc", METHODS["cefmc"].when + " (docs/methods/cefmc.md)")]
+    if kind == "images":
+        return [("ccfc", "cluster-contrastive training over an encoder (docs/methods/ccfc.md)")]
+    return [
+        ("kfed", "one round, k local centres per site (docs/methods/baselines.md); ffcm for soft memberships")
+    ]
+
+
+def advise(dataset: str, overrides: dict[str, Any]) -> Advice:
+    """Read every site's data as a run would (`overrides`: run-config keys), measure, and advise."""
+    keys = {"num-clients": 4, **overrides, "dataset": dataset}
+    columns = Columns.parse(
+        str(keys.get("text-column", "text")),
+        str(keys.get("label-column", "label")),
+        str(keys.get("id-column", "")),
+        str(keys.get("feature-columns", "")),
+    )
+    kind = dataset_info(dataset, columns=columns).kind
+    # a method that reads this kind, so every site's data loads as that run would read it
+    reader = "fsbert-kfed" if kind == "texts" else "cefmc" if kind == "multiview" else "kfed"
+    cfg = parse_run_config({"method": reader, **keys})
+    sites = _sites(cfg)
+    first = sites[0].dataset
+    skew = None
+    if cfg.num_clients > 1 and kind != "multiview":
+        k = cfg.k or (first.n_classes if first.labelled else DEFAULT_K)
+        skew = measure_skew(cfg, sites, k)
+    mean = None if skew is None else float(np.mean(skew))
+    return Advice(
+        kind, len(sites), [s.n_samples for s in sites], skew, methods_for_kind(kind), favoured(kind, mean)
+    )

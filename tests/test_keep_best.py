@@ -1,0 +1,158 @@
+"""`select = best` (`fedapp.report.keep`): the one-message Calinski–Harabasz from summable statistics equals
+scikit-learn's, the rule keeps the trained model unless it is clearly worse, and end to end an FSTC run
+whose training is forced to wreck the clustering keeps (and saves, and `predict`s with) its start, while
+`select = final` keeps the last model and sends no scoring message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.metrics import calinski_harabasz_score
+
+from fedapp.launch.resolve import build_overrides
+from fedapp.report.keep import (
+    KEEP_MARGIN,
+    CandidateSums,
+    calinski_harabasz,
+    candidate_sums,
+    choose,
+    decode_candidate_sums,
+    encode_candidate_sums,
+    merge_candidate_sums,
+)
+from fedapp.report.model_store import read_model
+from fedapp.wire import ReplyError
+from simulation.predict import predict
+from simulation.runner import execute
+from tests.own_files import write_text_sites
+from tests.run_checks import assert_ran_through
+
+K = 4
+
+
+def _blobs(seed: int, n: int = 300, dim: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, K, n)
+    return rng.normal(size=(K, dim))[labels] * 4 + rng.normal(size=(n, dim)), labels
+
+
+# ------------------------------------------------------------------------------------------- maths
+def test_ch_from_split_sums_equals_scikit_learn() -> None:
+    x, good = _blobs(0)
+    bad = np.random.default_rng(1).integers(0, K, len(x))
+    halves = [
+        candidate_sums(x[rows], [good[rows], bad[rows]], K, floor=1)
+        for rows in np.array_split(np.arange(len(x)), 2)
+    ]
+    merged = merge_candidate_sums(halves)
+    for i, labels in enumerate((good, bad)):
+        ours = calinski_harabasz(merged.counts[i], merged.sums[i], float(merged.squared_norms[i]))
+        assert ours == pytest.approx(calinski_harabasz_score(x, labels), rel=1e-9)
+    assert calinski_harabasz(np.array([300, 0, 0, 0]), merged.sums[0], 1.0) is None  # one cluster: none
+
+
+def test_records_of_clusters_below_the_floor_sit_out() -> None:
+    x, labels = _blobs(2, n=50)
+    labels[:3] = K  # a fifth cluster of 3 records
+    sums = candidate_sums(x, [labels, labels], K + 1, floor=5)
+    assert sums.counts[0, K] == 0 and sums.counts[0].sum() == 47
+    np.testing.assert_allclose(sums.squared_norms[0], (x[3:] ** 2).sum())
+
+
+def test_the_rule_keeps_the_trained_model_unless_it_is_clearly_worse() -> None:
+    x, good = _blobs(3)
+    noisy = good.copy()
+    noisy[:3] = (noisy[:3] + 1) % K  # a little worse
+    random = np.random.default_rng(4).integers(0, K, len(x))
+    little = candidate_sums(x, [good, noisy], K, floor=1)
+    assert choose(little, "best").kept == "final"  # within the margin: training is the method's point
+    wrecked = candidate_sums(x, [good, random], K, floor=1)
+    choice = choose(wrecked, "best")
+    assert choice.kept == "start" and choice.degraded
+    assert choice.scores["final"] < (1 - KEEP_MARGIN) * choice.scores["start"]  # type: ignore[operator]
+    assert choose(wrecked, "final").kept == "final"  # the paper's last model, scores still reported
+    collapsed = candidate_sums(x, [good, np.zeros_like(good)], K, floor=1)
+    assert choose(collapsed, "best").kept == "start" and choose(collapsed, "best").clusters_used["final"] == 1
+
+
+def test_the_wire_form_round_trips_and_refuses_nonsense() -> None:
+    x, labels = _blobs(5, n=40)
+    sums = candidate_sums(x, [labels, labels], K, floor=1)
+    back = decode_candidate_sums(encode_candidate_sums(sums))
+    np.testing.assert_array_equal(back.counts, sums.counts)
+    np.testing.assert_allclose(back.sums, sums.sums)
+    with pytest.raises(ReplyError):
+        decode_candidate_sums(b"not an archive")
+    with pytest.raises(ReplyError):
+        CandidateSums(np.zeros((3, K), np.int64), np.zeros((3, K, 2)), np.zeros(3))
+    with pytest.raises(ReplyError):
+        CandidateSums(np.zeros((2, K), np.int64), np.full((2, K, 2), np.nan), np.zeros(2))
+    other = candidate_sums(x[:, :2], [labels, labels], K, floor=1)
+    with pytest.raises(ReplyError, match="different shapes"):
+        merge_candidate_sums([sums, other])
+
+
+# ------------------------------------------------------------------------------------- end to end
+SITES, ROUNDS = 2, 3
+# training forced to wreck the clustering: an adapter and head learning rate 10^4 times the default
+WRECKING = {"fstc.lr-adapter": 5.0, "fstc.lr-head": 5.0, "fstc.local-iters": 50}
+
+
+def _run(out: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    execute(build_overrides({"seed": 0, "method": "fstc", **overrides}, out), engine="inprocess", quiet=True)
+    summary = json.loads((out / "summary.json").read_text())
+    assert_ran_through(summary, exit_code=None)
+    return summary
+
+
+def test_fstc_keeps_its_start_when_training_wrecks_it(tmp_path: Path, text_embedding_cache: None) -> None:
+    sites = write_text_sites(tmp_path, SITES)
+    out = tmp_path / "run"
+    keys = {
+        "dataset": f"csv:{sites}/site-{{partition-id}}.csv",
+        "id-column": "id",
+        "num-clients": SITES,
+        "num-rounds": ROUNDS,
+        "k": K,
+        **WRECKING,
+    }
+    summary = _run(out, keys)
+    select = summary["report"]["select"]
+    assert select["kept"] == "start" and select["clusters_used"]["start"] == K
+    assert select["scores"]["final"] is None or select["scores"]["final"] < select["scores"]["start"]
+    assert any("kept the starting clustering" in w and "fsbert-kfed" in w for w in summary["warnings"])
+    assert sum(1 for size in summary["report"]["cluster_sizes"] if size > 0) == K  # the report used the start
+    saved = read_model(out)
+    assert saved.info["kept"] == "start" and saved.info["assign_config"] == {"labels-by": "centres"}
+    # `predict` applies the kept start: the node's own assignments again
+    predicted = tmp_path / "predicted.csv"
+    predict(out, f"csv:{sites}/site-0.csv", predicted)
+    assert predicted.read_bytes() == (out / "nodes" / "0" / "assignments.csv").read_bytes()
+
+
+def test_select_final_keeps_the_last_model_and_scores_nothing(
+    tmp_path: Path, text_embedding_cache: None
+) -> None:
+    summary = _run(
+        tmp_path / "run",
+        {"dataset": "texts-demo", "num-clients": SITES, "num-rounds": ROUNDS, "select": "final", **WRECKING},
+    )
+    assert summary["report"]["select"] == {"kept": "final", "why": "select = final"}
+    assert not any("kept the starting" in w for w in summary["warnings"])
+    assert summary["metrics"]["nmi"] < 0.5  # the wrecked model is what the run reports
+
+
+def test_ffcm_scores_both_candidates_on_labelled_data(tmp_path: Path) -> None:
+    summary = _run(
+        tmp_path / "run", {"method": "ffcm", "dataset": "digits", "num-clients": 4, "num-rounds": 4}
+    )
+    select = summary["report"]["select"]
+    assert select["kept"] in ("start", "final")
+    assert set(select["labelled"]) == {"start", "final"}
+    kept = select["labelled"][select["kept"]]
+    assert summary["metrics"]["nmi"] == pytest.approx(kept["nmi"])
+    assert all(score > 0 for score in select["scores"].values())
