@@ -125,8 +125,6 @@ class FFCMStrategy(ClusteringStrategy):
                 [r.arrays[0] for r in replies], [r.arrays[1] for r in replies], self.k, self.cfg.seed
             )
             log(INFO, "FFCM: initial centres from %d clients' local FCM centres", len(replies))
-        if self.initial_centres is None:
-            self.initial_centres = self.centres.copy()
         else:  # the FCM centre update over the union, from the federation's totals
             sums = self.privacy.totals([r.arrays[0] for r in replies])
             mass = self.privacy.totals([r.arrays[1] for r in replies], nonnegative=True)
@@ -138,6 +136,8 @@ class FFCMStrategy(ClusteringStrategy):
                     True,
                     f"relative centre shift {self.shifts[-1]:.2e} <= delta",
                 )
+        if self.initial_centres is None:  # after round 1: the clustering training starts from
+            self.initial_centres = self.centres.copy()
         return ndarrays_to_parameters([self.centres])
 
     def start_candidate(self) -> StartCandidate | None:
