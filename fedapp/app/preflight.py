@@ -68,7 +68,9 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
         return
     data = load_run_dataset(cfg)  # reads and parses every file: a corrupt one fails here
     if not cfg.k and not method_spec(cfg.method).own_k and not data.labelled:
-        raise ConfigError(f"dataset '{cfg.dataset}' has no labels, so k cannot default to the classes: set k")
+        raise ConfigError(
+            f"dataset '{cfg.dataset}' has no labels, k cannot default to the classes: set k (see fedapp tune)"
+        )
     k = cfg.k or data.n_classes
     if method_spec(cfg.method).vertical:
         n_views = len(views_of(data))
@@ -111,7 +113,9 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
     labelled = [data.labelled for data in files]
     if not cfg.k and not method_spec(cfg.method).own_k and not all(labelled):
         unlabelled = [i for i, has in enumerate(labelled) if not has]
-        raise ConfigError(f"client(s) {unlabelled} have no labels, so k cannot default to the classes: set k")
+        raise ConfigError(
+            f"client(s) {unlabelled} have no labels, k cannot default to the classes: set k (see fedapp tune)"
+        )
     k = cfg.k or max(data.n_classes for data in files)
     for partition_id, data in enumerate(files):
         if data.n_samples < k:
