@@ -4,7 +4,8 @@ unlabelled data, which runs the same selection first.
 The selection's two rounds run here, in the CLI's process, over each client's own rows exactly as its
 client would compute them: round A's local centres and sizes, round B's per-candidate sums. Only those
 arrays enter the server's side (`select_k`); their bytes are counted as they would cross the wire. It is
-not a Flower stage yet, so a deployment (`fedapp deploy`) must still be given k (docs/model-selection.md).
+not a Flower stage yet, so a deployment (`fedapp deploy`) must still be given k, and so must a run with
+secagg = true: round A's local centres cannot be hidden by a sum (docs/model-selection.md).
 
 The space a method is judged in is the one it clusters in at its start: text methods (FSTC and its
 variants, FSCCL, the text k-FEDs) their sentence embeddings, every other horizontal method its features
@@ -92,6 +93,10 @@ class Tuned:
 
 def tune(cfg: RunConfig, rows: list[np.ndarray] | None = None) -> Tuned:
     """Run both selection rounds over the run's clients (`rows`: their vectors, if already computed)."""
+    if cfg.secagg:
+        raise ConfigError(
+            "k = 0 without labels and secagg=true: the selection's local centres are not secure sums; set k"
+        )
     started = time.perf_counter()
     rows = rows if rows is not None else client_rows(cfg)[1]
     selection, candidates = select_k(rows, cfg.k_min, cfg.k_max, cfg.seed, run_floor(cfg))

@@ -54,6 +54,13 @@ def test_round_b_statistics_are_sums_over_clients() -> None:
         assert merged[k].distances.silhouette_sum == pytest.approx(whole[k].distances.silhouette_sum)
 
 
+def test_a_cluster_below_the_floor_is_withheld_by_the_client() -> None:
+    rows = np.concatenate([np.zeros((10, 2)), np.full((3, 2), 50.0)])  # 10 rows near 0, 3 rows near 50
+    stats = candidate_statistics(rows, {2: np.array([[0.0, 0.0], [50.0, 50.0]])}, floor=5)[2]
+    assert stats.sums.counts.tolist() == [10, 0]
+    assert stats.sums.sums[1].tolist() == [0.0, 0.0] and stats.distances.n == 10
+
+
 def test_inertia_and_calinski_harabasz_are_those_of_the_pooled_clustering() -> None:
     rows = _blobs(4, 5) + 1000.0  # a large offset: the shift to the pooled means must not cancel
     centres = rows[:4] + 0.5  # candidate centres away from the clusters' means
@@ -122,9 +129,11 @@ def test_run_with_k_0_on_unlabelled_sites_chooses_k_first(tmp_path: Path) -> Non
     assert (tmp_path / "run" / "tune.png").exists()
 
 
-def test_vertical_methods_refuse_k_0_without_labels() -> None:
-    from simulation.tune import selection_space
+def test_vertical_methods_and_secagg_refuse_k_0_without_labels() -> None:
+    from simulation.tune import selection_space, tune
 
     with pytest.raises(ConfigError, match="vertical method 'cefmc' cannot choose k yet"):
         selection_space("cefmc")
+    with pytest.raises(ConfigError, match="secagg=true"):
+        tune(parse_run_config({"method": "ffcm", "secagg": True}), rows=[np.zeros((10, 2))])
     assert selection_space("fsbert-kfed") == "embeddings" and selection_space("ffcm") == "features"

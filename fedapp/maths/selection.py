@@ -10,7 +10,8 @@ A. each client sends k-FED's local step in the method's representation space: k'
 B. the server broadcasts every candidate's centres at once; each client assigns its rows to the nearest
    centre of each candidate and returns, per candidate and cluster, the row count, feature sum, sum of
    distances and of squared distances to the candidate centre, and the simplified-silhouette sum
-   (`candidate_statistics`). All are sums, so the server merges them by addition (SecAgg+ could too).
+   (`candidate_statistics`). All are sums, so the server merges them by addition (SecAgg+ could too);
+   a cluster holding fewer than the privacy floor of a client's rows is withheld by that client.
 
 The server then scores each candidate (`candidate_criteria`) with `fedapp.metrics.label_free`: the
 squared distances are moved exactly from the candidate centre c to the pooled mean mu by
@@ -84,11 +85,14 @@ class CandidateStats:
     distances: DistanceSums
 
 
-def _statistics(X: np.ndarray, centres: np.ndarray) -> CandidateStats:
-    """Counts, sums, distance and squared-distance sums to `centres`, and the simplified silhouette."""
+def _statistics(X: np.ndarray, centres: np.ndarray, floor: int) -> CandidateStats:
+    """Counts, sums, distance and squared-distance sums to `centres`, and the simplified silhouette, of
+    the rows whose cluster holds at least `floor` of this client's rows (the others are withheld)."""
     k = centres.shape[0]
     squared = squared_distances(X, centres)
     labels = squared.argmin(1)
+    kept = np.bincount(labels, minlength=k)[labels] >= floor
+    X, squared, labels = X[kept], squared[kept], labels[kept]
     rows = np.arange(X.shape[0])
     counts = np.bincount(labels, minlength=k).astype(np.int64)
     sums = np.zeros_like(centres)
@@ -110,10 +114,13 @@ def _statistics(X: np.ndarray, centres: np.ndarray) -> CandidateStats:
     return CandidateStats(ClusterSums(counts, sums), distances)
 
 
-def candidate_statistics(X: np.ndarray, candidates: dict[int, np.ndarray]) -> dict[int, CandidateStats]:
-    """Client, round B: this client's statistics for every candidate at once (all of them sums)."""
+def candidate_statistics(
+    X: np.ndarray, candidates: dict[int, np.ndarray], floor: int = 1
+) -> dict[int, CandidateStats]:
+    """Client, round B: this client's statistics for every candidate at once (all of them sums); a
+    cluster with fewer than the privacy `floor` of its rows is sent as empty (its rows left out)."""
     X = np.asarray(X, dtype=np.float64)
-    return {k: _statistics(X, centres) for k, centres in candidates.items()}
+    return {k: _statistics(X, centres, floor) for k, centres in candidates.items()}
 
 
 def merge_statistics(parts: Sequence[dict[int, CandidateStats]]) -> dict[int, CandidateStats]:
@@ -177,6 +184,6 @@ def select_k(
     candidate's centres."""
     summaries = [local_summary(X, k_max, seed + index, floor) for index, X in enumerate(client_rows)]
     candidates = candidate_centres([c for c, _ in summaries], [s for _, s in summaries], k_min, k_max, seed)
-    merged = merge_statistics([candidate_statistics(X, candidates) for X in client_rows])
+    merged = merge_statistics([candidate_statistics(X, candidates, floor) for X in client_rows])
     table = {k: candidate_criteria(merged[k], candidates[k]) for k in candidates}
     return Selection(table, rule, choose_k(table, rule)), candidates
