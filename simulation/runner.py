@@ -42,7 +42,6 @@ from fedapp.launch.sweep import StopReport, stop_run
 from fedapp.launch.watchdog import start_watchdog, stop_watchdog
 from fedapp.methods import method_spec
 from fedapp.report.records import mark_summary, start_summary
-from simulation.tune import record_selection, with_chosen_k
 
 SUPERLINK_START_TIMEOUT_S = 60
 LOG_NAME = "flower.log"  # everything Flower prints goes here; the terminal gets one line per round
@@ -69,6 +68,8 @@ def execute(
     here carries the phase) or a kill always finds one to mark.
     """
     import json
+
+    from simulation.tune import record_selection, with_chosen_k  # lazily: data and scikit-learn
 
     resources = resources or ClientResources()
     check_outputs(run.config, overwrite=overwrite)  # before a k selection: a taken folder fails fast

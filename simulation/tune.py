@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.app.floor_rules import run_floor
+from fedapp.app.k_selection import selection_space
 from fedapp.config.run import ConfigError, RunConfig
 from fedapp.datasets import PARTITION_PLACEHOLDER
 from fedapp.datasets.local import LocalData, load_run_dataset, local_partition, own_file, owns_file
@@ -33,19 +34,6 @@ from fedapp.methods import method_spec
 TUNE_JSON, TUNE_PNG = "tune.json", "tune.png"
 SELECTION_MAX_LENGTH = 32  # encoder input length in tokens: FSBERT's, FSTC's and FSCCL's default
 BYTES = 8  # float64 / int64 on the wire
-
-
-def selection_space(method: str) -> str:
-    """ "embeddings" or "features": where `method`'s k is chosen; a ConfigError for methods that cannot."""
-    spec = method_spec(method)
-    if spec.vertical:
-        raise ConfigError(
-            f"k = 0 without labels: vertical method '{method}' cannot choose k yet; set k (e.g. from "
-            "`fedapp tune --method kfed` on one party's view)"
-        )
-    if spec.own_k or not spec.federated:
-        raise ConfigError(f"k = 0 without labels: method '{method}' has no federated k selection; set k")
-    return "embeddings" if "texts" in spec.modalities and "vectors" not in spec.modalities else "features"
 
 
 def needs_selection(cfg: RunConfig) -> bool:
@@ -62,7 +50,7 @@ def client_rows(cfg: RunConfig) -> tuple[list[LocalData], list[np.ndarray]]:
     """Every simulated client's data and its rows in the selection space."""
     from fedapp.features.texts import embedding_cache, local_embeddings
 
-    space = selection_space(cfg.method)
+    space = selection_space(cfg)
     locals_, rows = [], []
     for pid in range(cfg.num_clients):
         local = own_file(cfg, pid) if owns_file(cfg) else local_partition(cfg, pid, cfg.num_clients)
@@ -93,10 +81,7 @@ class Tuned:
 
 def tune(cfg: RunConfig, rows: list[np.ndarray] | None = None) -> Tuned:
     """Run both selection rounds over the run's clients (`rows`: their vectors, if already computed)."""
-    if cfg.secagg:
-        raise ConfigError(
-            "k = 0 without labels and secagg=true: the selection's local centres are not secure sums; set k"
-        )
+    selection_space(cfg)  # a run that cannot choose k says why
     started = time.perf_counter()
     rows = rows if rows is not None else client_rows(cfg)[1]
     selection, candidates = select_k(rows, cfg.k_min, cfg.k_max, cfg.seed, run_floor(cfg))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import calinski_harabasz_score
 
-from fedapp.config.run import ConfigError, parse_run_config
+from fedapp.config.run import ConfigError, RunConfig, parse_run_config
 from fedapp.maths.clustering import nearest_centre
 from fedapp.maths.selection import (
     SelectionError,
@@ -129,11 +129,33 @@ def test_run_with_k_0_on_unlabelled_sites_chooses_k_first(tmp_path: Path) -> Non
     assert (tmp_path / "run" / "tune.png").exists()
 
 
-def test_vertical_methods_and_secagg_refuse_k_0_without_labels() -> None:
-    from simulation.tune import selection_space, tune
+def test_a_dry_run_checks_k_0_with_k_min_and_a_deployment_must_be_given_k(tmp_path: Path) -> None:
+    from fedapp.app.preflight import check_run
+
+    _vector_sites(tmp_path)
+    spec = f"csv:{tmp_path}/site-{{partition-id}}.csv"
+    args = ["run", "--method", "kfed", "--dataset", spec, "--clients", "3", "--set", "id-column=id"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--dry-run"]) == 0
+    too_many = ["--set", "k-min=31", "--set", "k-max=40"]  # the sites' floors allow 8 + 10 + 12 local centres
+    assert main([*args, *too_many, "--out", str(tmp_path / "b"), "--dry-run"]) == 2
+    cfg = parse_run_config(
+        {"method": "kfed", "dataset": spec, "id-column": "id", "out-dir": str(tmp_path / "c")}
+    )
+    with pytest.raises(ConfigError, match=r"have no labels, so k cannot default to the classes: set k"):
+        check_run(cfg, 3)  # a deployment does not choose k
+
+
+def test_vertical_methods_secagg_and_dp_refuse_k_0_without_labels() -> None:
+    from fedapp.app.k_selection import selection_space
+    from simulation.tune import tune
+
+    def cfg(method: str, **keys: object) -> RunConfig:
+        return parse_run_config({"method": method, **keys}, cross_checks=False)
 
     with pytest.raises(ConfigError, match="vertical method 'cefmc' cannot choose k yet"):
-        selection_space("cefmc")
+        selection_space(cfg("cefmc"))
     with pytest.raises(ConfigError, match="secagg=true"):
-        tune(parse_run_config({"method": "ffcm", "secagg": True}), rows=[np.zeros((10, 2))])
-    assert selection_space("fsbert-kfed") == "embeddings" and selection_space("ffcm") == "features"
+        tune(cfg("ffcm", secagg=True), rows=[np.zeros((10, 2))])
+    with pytest.raises(ConfigError, match="dp.epsilon=2"):
+        selection_space(cfg("kfed", **{"dp.epsilon": 2.0}))
+    assert selection_space(cfg("fsbert-kfed")) == "embeddings" and selection_space(cfg("ccfc")) == "features"
