@@ -84,7 +84,7 @@ def tune(cfg: RunConfig, rows: list[np.ndarray] | None = None) -> Tuned:
     selection_space(cfg)  # a run that cannot choose k says why
     started = time.perf_counter()
     rows = rows if rows is not None else client_rows(cfg)[1]
-    selection, candidates = select_k(rows, cfg.k_min, cfg.k_max, cfg.seed, run_floor(cfg))
+    selection, candidates = select_k(rows, cfg.k_min, cfg.k_max, cfg.seed, run_floor(cfg), cfg.k_rule)
     dims = rows[0].shape[1]
     local_k = [min(cfg.k_max, len(X) // run_floor(cfg)) for X in rows]  # an upper bound under merges
     candidate_rows = sum(candidates)  # sum of k over candidates

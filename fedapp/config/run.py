@@ -84,6 +84,11 @@ class RunConfig(ConfigSection):
     k_max: int = config_key(
         30, ge=2, doc="k = 0 without labels: largest candidate k (= local centres per client)"
     )
+    k_rule: str = config_key(
+        "davies_bouldin",
+        choices=("davies_bouldin", "silhouette", "calinski_harabasz"),
+        doc="k = 0 without labels: the criterion that chooses k (docs/model-selection.md)",
+    )
     max_samples: int = config_key(0, ge=0, doc="> 0: a seeded class-stratified subsample (quick runs)")
     imbalance: float = config_key(
         0.0, ge=0.0, doc=">= 1: a seeded long-tailed subset, largest / smallest class = this (0 = off)"
