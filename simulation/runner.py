@@ -73,7 +73,7 @@ def execute(
 
     resources = resources or ClientResources()
     check_outputs(run.config, overwrite=overwrite)  # before a k selection: a taken folder fails fast
-    run, tuned = with_chosen_k(run)  # k = 0 without labels: choose k first (simulation/tune.py)
+    run, tuned = with_chosen_k(run, quiet=quiet)  # k = 0 without labels: choose k first (simulation/tune.py)
     cfg = validate(run, engine, resources, overwrite=overwrite)
     if overwrite:
         clear_outputs(cfg)

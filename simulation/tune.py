@@ -139,11 +139,23 @@ def write_tune(out_dir: Path, tuned: Tuned) -> None:
     plt.close(figure)
 
 
-def with_chosen_k(run: ResolvedRun) -> tuple[ResolvedRun, Tuned | None]:
-    """`fedapp run`: the run with k chosen first when it needs it (`needs_selection`), and the selection."""
+def with_chosen_k(run: ResolvedRun, *, quiet: bool = False) -> tuple[ResolvedRun, Tuned | None]:
+    """`fedapp run`: the run with k chosen first when it needs it (`needs_selection`), and the selection;
+    unless `quiet`, a line before (it may embed every text first) and one with the choice."""
     if not needs_selection(run.config):
         return run, None
-    tuned = tune(run.config)
+    cfg = run.config
+    if not quiet:
+        print(
+            f"k = 0 without labels: choosing k in {cfg.k_min}..{cfg.k_max} ({cfg.k_rule}, 2 rounds)",
+            flush=True,
+        )
+    tuned = tune(cfg)
+    if not quiet:
+        print(
+            f"chosen k = {tuned.selection.k} in {tuned.cost['seconds']:.1f} s (tune.json, tune.png)",
+            flush=True,
+        )
     overrides = {**run.overrides, "k": tuned.selection.k}
     return ResolvedRun(overrides, run.config.with_keys({"k": tuned.selection.k})), tuned
 
