@@ -1,6 +1,6 @@
-"""The `fedapp` command (also `python -m simulation`): run, experiment, deploy, predict, datasets, methods,
-stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py, deploy/run_local.py,
-fedapp/launch/)."""
+"""The `fedapp` command (also `python -m simulation`): run, tune, experiment, deploy, predict, datasets,
+methods, stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py,
+deploy/run_local.py, fedapp/launch/)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from fedapp.launch.options import (
 )
 from fedapp.launch.presets import apply_preset
 from fedapp.launch.processes import Interrupted, interruptible, local_superlinks
-from fedapp.launch.resolve import ENGINES, build_overrides, validate
+from fedapp.launch.resolve import ENGINES, ResolvedRun, build_overrides, validate
 from fedapp.methods import METHODS
 from fedapp.report.records import exit_code, format_metrics_table, mark_summary, status_line
 from simulation.experiments import ExperimentError, check_experiment, load_experiment, run_experiment
@@ -41,30 +41,37 @@ def version_text() -> str:
     return f"fedapp {package_version('fedapp')} (flwr {package_version('flwr')})"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__)
-    parser.add_argument("--version", action="version", version=version_text())
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run one experiment and write DIR/summary.json")
-    run.add_argument("--method", help=f"one of {sorted(METHODS)} (or taken from --preset)")
-    run.add_argument("--dataset", help="see `python -m simulation datasets` (default: preset's, else digits)")
-    run.add_argument("--preset", help="named run-config values (see `python -m simulation methods`)")
-    run.add_argument("--clients", type=int, help="number of clients (SuperNodes)")
-    run.add_argument("--rounds", type=int, help="number of rounds")
-    run.add_argument("--seed", type=int, help="run seed")
-    run.add_argument(
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What `run` and `tune` both take: the method, its data and its clients."""
+    parser.add_argument("--method", help=f"one of {sorted(METHODS)} (or taken from --preset)")
+    parser.add_argument(
+        "--dataset", help="see `python -m simulation datasets` (default: preset's, else digits)"
+    )
+    parser.add_argument("--preset", help="named run-config values (see `python -m simulation methods`)")
+    parser.add_argument("--clients", type=int, help="number of clients (SuperNodes)")
+    parser.add_argument("--rounds", type=int, help="number of rounds")
+    parser.add_argument("--seed", type=int, help="run seed")
+    parser.add_argument(
         "--partition", help=f"{' | '.join(PARTITIONS)} (auto: vertical for vertical methods, else iid)"
     )
-    run.add_argument("--data-dir", help="dataset directory (default: $FEDAPP_DATA_DIR or ../shared/data)")
-    run.add_argument("--device", choices=DEVICES, help="torch device for the clients (default auto)")
-    run.add_argument(
+    parser.add_argument("--data-dir", help="dataset directory (default: $FEDAPP_DATA_DIR or ../shared/data)")
+    parser.add_argument("--device", choices=DEVICES, help="torch device for the clients (default auto)")
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="any run-config key, e.g. --set p=0.5 --set kfed.local-k=20 (`python -m simulation methods`)",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one experiment and write DIR/summary.json")
+    _add_run_arguments(run)
     run.add_argument(
         "--cpus-per-client",
         type=int,
@@ -92,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--out holds an earlier run's outputs: remove them first (only files fedapp writes)",
     )
+
+    tune = sub.add_parser(
+        "tune", help="choose k without labels (k-min..k-max): print the table, write DIR/tune.json, tune.png"
+    )
+    _add_run_arguments(tune)
+    tune.add_argument("--out", required=True, type=path_argument, help="output directory")
+    tune.add_argument("--overwrite", action="store_true", help="replace an earlier tune.json / tune.png")
 
     experiment = sub.add_parser("experiment", help="run a TOML experiment file, write a markdown table")
     experiment.add_argument("file", type=path_argument)
@@ -226,6 +240,24 @@ def _report_interrupt(exc: Interrupted, out: Path | None) -> None:
     print(status_line(summary or fallback), file=sys.stderr)
 
 
+def _resolved_run(args: argparse.Namespace) -> ResolvedRun:
+    """`run`'s and `tune`'s flags, --set and preset as one resolved run configuration."""
+    if not args.method and not args.preset:
+        raise ConfigError("give --method (or a --preset that names one)")
+    optional = {
+        "method": args.method,
+        "dataset": args.dataset,
+        "num-clients": args.clients,
+        "num-rounds": args.rounds,
+        "seed": args.seed,
+        "partition": args.partition,
+        "data-dir": args.data_dir,
+        "device": args.device,
+    }
+    base = apply_preset(args.preset, merge_flags(optional, parse_set_options(args.set), args.out))
+    return build_overrides(base, args.out)
+
+
 def _command(args: argparse.Namespace) -> int:
     if args.command == "stop-local-superlink":
         return _stop_local_superlinks(args.flwr_home)
@@ -252,24 +284,17 @@ def _command(args: argparse.Namespace) -> int:
         print(advise(args.for_data, keys).render())
     elif args.command == "methods":
         print(render_config_toml() if args.toml else describe_methods(args.name))
+    elif args.command == "tune":
+        from simulation.tune import tune_command
+
+        print(tune_command(_resolved_run(args), overwrite=args.overwrite))
     elif args.command == "run":
-        if not args.method and not args.preset:
-            raise ConfigError("give --method (or a --preset that names one)")
-        optional = {
-            "method": args.method,
-            "dataset": args.dataset,
-            "num-clients": args.clients,
-            "num-rounds": args.rounds,
-            "seed": args.seed,
-            "partition": args.partition,
-            "data-dir": args.data_dir,
-            "device": args.device,
-        }
-        base = apply_preset(args.preset, merge_flags(optional, parse_set_options(args.set), args.out))
         resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
-        run = build_overrides(base, args.out)  # the run's configuration, resolved once
+        run = _resolved_run(args)  # the run's configuration, resolved once
         if args.dry_run:
-            cfg = validate(run, args.engine, resources, dry_run=True, overwrite=args.overwrite)
+            cfg = validate(
+                run, args.engine, resources, dry_run=True, overwrite=args.overwrite, chooses_k=True
+            )
             print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
             return 0
         summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)

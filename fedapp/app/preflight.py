@@ -20,6 +20,7 @@ import numpy as np
 
 from fedapp.app.checkpoint import checkpoint_dir
 from fedapp.app.floor_rules import FloorRule, floor_rule, run_floor
+from fedapp.app.k_selection import selection_space
 from fedapp.config.run import ConfigError, RunConfig
 from fedapp.datasets import Dataset, DatasetError, has_placeholder
 from fedapp.datasets.local import load_run_dataset, views_of
@@ -43,10 +44,12 @@ class Site:
         return f"client {self.partition_id}: {self.source} holds {self.records} records"
 
 
-def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
+def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True, chooses_k: bool = False) -> None:
     """Raise ConfigError / DatasetError / PartitionError for a run that cannot work as configured.
 
-    `create=False` (a dry run) checks that the output directory could be made without making it."""
+    `create=False` (a dry run) checks that the output directory could be made without making it.
+    `chooses_k`: the caller chooses k = 0 on unlabelled data first (`fedapp run`, not a deployment), so
+    such a run is checked with its smallest candidate, k-min."""
     if num_clients < 1:
         raise ConfigError(
             f"the simulation needs at least 1 client, got {num_clients} (num-clients = 0, 'every connected "
@@ -64,12 +67,14 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
             "(the first run needs checkpoint-every > 0)"
         )
     if cfg.own_data and has_placeholder(cfg.dataset):
-        check_own_files(cfg, num_clients)
+        check_own_files(cfg, num_clients, chooses_k)
         return
     data = load_run_dataset(cfg)  # reads and parses every file: a corrupt one fails here
-    if not cfg.k and not method_spec(cfg.method).own_k and not data.labelled:
-        raise ConfigError(f"dataset '{cfg.dataset}' has no labels, so k cannot default to the classes: set k")
-    k = cfg.k or data.n_classes
+    k = (
+        cfg.k
+        or _unlabelled_k(cfg, data.labelled, f"dataset '{cfg.dataset}' has", chooses_k)
+        or data.n_classes
+    )
     if method_spec(cfg.method).vertical:
         n_views = len(views_of(data))
         if num_clients != n_views:
@@ -98,7 +103,7 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
     check_floor(cfg, [Site(i, source, size) for i, size in enumerate(sizes)], k)
 
 
-def check_own_files(cfg: RunConfig, num_clients: int) -> None:
+def check_own_files(cfg: RunConfig, num_clients: int, chooses_k: bool = False) -> None:
     """One file per client (`{partition-id}`): each reads, fits the method, holds k records, and every
     client's vectors have the same width. Errors name the client (and, from the reader, file/row/column)."""
     files: list[Dataset] = []
@@ -109,10 +114,9 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
             raise DatasetError(f"client {partition_id}: {exc}") from None
     vertical = method_spec(cfg.method).vertical
     labelled = [data.labelled for data in files]
-    if not cfg.k and not method_spec(cfg.method).own_k and not all(labelled):
-        unlabelled = [i for i, has in enumerate(labelled) if not has]
-        raise ConfigError(f"client(s) {unlabelled} have no labels, so k cannot default to the classes: set k")
-    k = cfg.k or max(data.n_classes for data in files)
+    unlabelled = [i for i, has in enumerate(labelled) if not has]
+    k = cfg.k or _unlabelled_k(cfg, not unlabelled, f"client(s) {unlabelled} have", chooses_k)
+    k = k or max(data.n_classes for data in files)
     for partition_id, data in enumerate(files):
         if data.n_samples < k:
             raise ConfigError(
@@ -140,6 +144,16 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
             f"client {odd}: {files[odd].name} has shape {widths[odd]} per record, client "
             f"{first}'s file {widths[first]}: every node needs the same feature columns / image size"
         )
+
+
+def _unlabelled_k(cfg: RunConfig, labelled: bool, who: str, chooses_k: bool) -> int:
+    """k = 0: 0 where the classes give k; k-min where the caller chooses k first; else a ConfigError."""
+    if labelled or method_spec(cfg.method).own_k:
+        return 0
+    if not chooses_k:
+        raise ConfigError(f"{who} no labels, so k cannot default to the classes: set k (or see fedapp tune)")
+    selection_space(cfg)  # vertical methods and secagg cannot choose k
+    return cfg.k_min
 
 
 def check_floor(cfg: RunConfig, sites: Sequence[Site], k: int) -> None:

@@ -77,7 +77,18 @@ class RunConfig(ConfigSection):
     p: float = config_key(0.0, ge=0.0, le=1.0, doc="p-heterogeneity of partition p-hetero (CCFC)")
     ratio: str = config_key("6:4", doc="client size ratio of partition size-ratio (FSTC rho), e.g. 9:1")
     alpha: float = config_key(0.5, gt=0.0, doc="Dirichlet label skew of partition dirichlet")
-    k: int = config_key(0, ge=0, doc="clusters; 0 = number of classes")
+    k: int = config_key(
+        0, ge=0, doc="clusters; 0 = number of classes, or without labels chosen in k-min..k-max (tune)"
+    )
+    k_min: int = config_key(2, ge=2, doc="k = 0 without labels: smallest candidate k")
+    k_max: int = config_key(
+        30, ge=2, doc="k = 0 without labels: largest candidate k (= local centres per client)"
+    )
+    k_rule: str = config_key(
+        "davies_bouldin",
+        choices=("davies_bouldin", "silhouette", "calinski_harabasz"),
+        doc="k = 0 without labels: the criterion that chooses k (docs/model-selection.md)",
+    )
     select: str = config_key(
         "best",
         choices=("best", "final"),
@@ -271,6 +282,8 @@ def _validate(cfg: RunConfig) -> None:
         )
     _validate_dp(cfg)
     _validate_embedding_cache(cfg.embedding_cache)
+    if cfg.k_min > cfg.k_max:
+        raise ConfigError(f"k-min={cfg.k_min} > k-max={cfg.k_max}: no candidate k to choose from")
     if spec.vertical != (cfg.partition == "vertical"):
         need = "partition='vertical'" if spec.vertical else "a horizontal partition (not 'vertical')"
         raise ConfigError(f"method '{cfg.method}' needs {need}, got partition='{cfg.partition}'")

@@ -20,7 +20,8 @@ from fedapp.report.assignments import ASSIGNMENTS_FILE
 from fedapp.report.model_store import MODEL_DIR, MODEL_JSON, NPZ_FILE, SAFETENSORS_FILE
 
 # the run's own files in its folder: records, log, wire bytes (server_loop.WIRE_BYTES_FILE), CCFC's global
-# model (strategies.ccfc.MODEL_FILE), a loopback deployment's pids (tests/test_outputs.py keeps them in step)
+# model (strategies.ccfc.MODEL_FILE), a loopback deployment's pids, k = 0's selection (simulation.tune)
+# (tests/test_outputs.py keeps them in step)
 RUN_FILES = (
     "summary.json",
     "rounds.json",
@@ -29,6 +30,8 @@ RUN_FILES = (
     "wire_bytes.json",
     "global_model.npz",
     "deploy-pids.json",
+    "tune.json",
+    "tune.png",
 )
 MODEL_FILES = (MODEL_JSON, NPZ_FILE, SAFETENSORS_FILE)
 CHECKPOINT_FILES = ("latest.json", "strategy-round-*.pkl", "client-*-round-*.recorddict")

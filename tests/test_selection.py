@@ -1,0 +1,161 @@
+"""k = 0 without labels: the selection maths (fedapp/maths/selection.py), `fedapp tune` and `fedapp run`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import calinski_harabasz_score
+
+from fedapp.config.run import ConfigError, RunConfig, parse_run_config
+from fedapp.maths.clustering import nearest_centre
+from fedapp.maths.selection import (
+    SelectionError,
+    candidate_criteria,
+    candidate_statistics,
+    choose_k,
+    merge_statistics,
+    select_k,
+)
+from simulation.__main__ import main
+from tests.test_own_data import _run, _vector_sites
+
+
+def _blobs(k: int, dims: int, per_cluster: int = 120, seed: int = 0) -> np.ndarray:
+    """k unit-variance blobs whose centres sit 12 apart on a grid in the first two coordinates."""
+    rng = np.random.default_rng(seed)
+    side = int(np.ceil(np.sqrt(k)))
+    grid = np.array([(i % side, i // side) for i in range(k)], dtype=float) * 12.0
+    centres = np.hstack([grid, rng.uniform(-12, 12, (k, dims - 2))])
+    rows = np.concatenate([centre + rng.standard_normal((per_cluster, dims)) for centre in centres])
+    return rows[rng.permutation(len(rows))]
+
+
+@pytest.mark.parametrize(("k", "dims"), [(5, 2), (20, 2), (5, 32), (20, 32)])
+def test_the_selection_recovers_k_on_separated_blobs(k: int, dims: int) -> None:
+    selection, candidates = select_k(np.array_split(_blobs(k, dims), 4), 2, 30, seed=0, floor=5)
+    assert selection.k == k
+    assert sorted(candidates) == list(range(2, 31))
+
+
+def test_round_b_statistics_are_sums_over_clients() -> None:
+    rows = _blobs(5, 3)
+    candidates = {k: rows[:k] for k in (2, 3, 5)}
+    whole = candidate_statistics(rows, candidates)
+    merged = merge_statistics([candidate_statistics(part, candidates) for part in np.array_split(rows, 3)])
+    for k in candidates:
+        np.testing.assert_array_equal(merged[k].sums.counts, whole[k].sums.counts)
+        np.testing.assert_allclose(merged[k].sums.sums, whole[k].sums.sums, rtol=1e-12)
+        np.testing.assert_allclose(
+            merged[k].distances.squared_sums, whole[k].distances.squared_sums, rtol=1e-12
+        )
+        assert merged[k].distances.silhouette_sum == pytest.approx(whole[k].distances.silhouette_sum)
+
+
+def test_a_cluster_below_the_floor_is_withheld_by_the_client() -> None:
+    rows = np.concatenate([np.zeros((10, 2)), np.full((3, 2), 50.0)])  # 10 rows near 0, 3 rows near 50
+    stats = candidate_statistics(rows, {2: np.array([[0.0, 0.0], [50.0, 50.0]])}, floor=5)[2]
+    assert stats.sums.counts.tolist() == [10, 0]
+    assert stats.sums.sums[1].tolist() == [0.0, 0.0] and stats.distances.n == 10
+
+
+def test_inertia_and_calinski_harabasz_are_those_of_the_pooled_clustering() -> None:
+    rows = _blobs(4, 5) + 1000.0  # a large offset: the shift to the pooled means must not cancel
+    centres = rows[:4] + 0.5  # candidate centres away from the clusters' means
+    stats = candidate_statistics(rows, {4: centres})[4]
+    criteria = candidate_criteria(stats, centres)
+    labels = nearest_centre(rows, centres)
+    means = np.stack([rows[labels == c].mean(0) for c in range(4)])
+    assert criteria["inertia"] == pytest.approx(((rows - means[labels]) ** 2).sum(), rel=1e-9)
+    assert criteria["calinski_harabasz"] == pytest.approx(calinski_harabasz_score(rows, labels), rel=1e-9)
+
+
+def test_each_rule_picks_its_extreme_and_ties_go_to_the_smaller_k() -> None:
+    table = {
+        2: {"simplified_silhouette": 0.5, "calinski_harabasz": 10.0, "davies_bouldin": 0.9},
+        3: {"simplified_silhouette": 0.5, "calinski_harabasz": 30.0, "davies_bouldin": 0.4},
+        4: {"simplified_silhouette": 0.2, "calinski_harabasz": 20.0, "davies_bouldin": None},
+    }
+    assert choose_k(table, "silhouette") == 2
+    assert choose_k(table, "calinski_harabasz") == 3
+    assert choose_k(table) == choose_k(table, "davies_bouldin") == 3
+    with pytest.raises(SelectionError, match="unknown rule"):
+        choose_k(table, "gap")
+
+
+def test_impossible_ranges_are_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="k-min=9 > k-max=4"):
+        parse_run_config({"k-min": 9, "k-max": 4})
+    with pytest.raises(SelectionError, match="fewer than k-min=10"):
+        select_k([_blobs(2, 2, per_cluster=10)], 10, 30, seed=0, floor=5)  # 20 rows: 4 local centres
+
+
+def test_tune_prints_the_table_and_writes_json_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _vector_sites(tmp_path)
+    out = tmp_path / "tune"
+    args = [
+        "tune",
+        "--method",
+        "kfed",
+        "--dataset",
+        f"csv:{tmp_path}/site-{{partition-id}}.csv",
+        "--clients",
+        "3",
+    ]
+    args += ["--set", "id-column=id", "--set", "k-max=8", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "chosen k = 3" in printed and "<- chosen" in printed
+    written = json.loads((out / "tune.json").read_text())
+    assert written["chosen_k"] == 3 and [row["k"] for row in written["candidates"]] == list(range(2, 9))
+    assert written["cost"]["extra_rounds"] == 2
+    assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(args) == 2  # an earlier tune.json is refused without --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_run_with_k_0_on_unlabelled_sites_chooses_k_first(tmp_path: Path) -> None:
+    _vector_sites(tmp_path)
+    spec = f"csv:{tmp_path}/site-{{partition-id}}.csv"
+    summary = _run(tmp_path / "run", method="kfed", dataset=spec, k=0, **{"id-column": "id", "k-max": 8})
+    assert summary["status"] in ("completed", "converged")
+    assert summary["k"] == 3 and summary["k_selection"]["chosen_k"] == 3
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["k_selection"] == summary["k_selection"]
+    assert (tmp_path / "run" / "tune.png").exists()
+
+
+def test_a_dry_run_checks_k_0_with_k_min_and_a_deployment_must_be_given_k(tmp_path: Path) -> None:
+    from fedapp.app.preflight import check_run
+
+    _vector_sites(tmp_path)
+    spec = f"csv:{tmp_path}/site-{{partition-id}}.csv"
+    args = ["run", "--method", "kfed", "--dataset", spec, "--clients", "3", "--set", "id-column=id"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--dry-run"]) == 0
+    too_many = ["--set", "k-min=31", "--set", "k-max=40"]  # the sites' floors allow 8 + 10 + 12 local centres
+    assert main([*args, *too_many, "--out", str(tmp_path / "b"), "--dry-run"]) == 2
+    cfg = parse_run_config(
+        {"method": "kfed", "dataset": spec, "id-column": "id", "out-dir": str(tmp_path / "c")}
+    )
+    with pytest.raises(ConfigError, match=r"have no labels, so k cannot default to the classes: set k"):
+        check_run(cfg, 3)  # a deployment does not choose k
+
+
+def test_vertical_methods_secagg_and_dp_refuse_k_0_without_labels() -> None:
+    from fedapp.app.k_selection import selection_space
+    from simulation.tune import tune
+
+    def cfg(method: str, **keys: object) -> RunConfig:
+        return parse_run_config({"method": method, **keys}, cross_checks=False)
+
+    with pytest.raises(ConfigError, match="vertical method 'cefmc' cannot choose k yet"):
+        selection_space(cfg("cefmc"))
+    with pytest.raises(ConfigError, match="secagg=true"):
+        tune(cfg("ffcm", secagg=True), rows=[np.zeros((10, 2))])
+    with pytest.raises(ConfigError, match="dp.epsilon=2"):
+        selection_space(cfg("kfed", **{"dp.epsilon": 2.0}))
+    assert selection_space(cfg("fsbert-kfed")) == "embeddings" and selection_space(cfg("ccfc")) == "features"
