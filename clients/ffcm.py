@@ -22,6 +22,7 @@ from flwr.common import NDArrays, Scalar
 from sklearn.cluster import kmeans_plusplus
 
 from clients.base import ClusteringClient
+from fedapp.maths.chunks import as_float, row_chunks
 from fedapp.maths.clustering import nearest_centre, squared_distances
 from fedapp.methods.ffcm import FFCMConfig
 from fedapp.privacy.dp import sum_count_sensitivity
@@ -50,12 +51,25 @@ def membership_sums(
 
     `floor` > 0 (the privacy floor, `fedapp.privacy.floor`): a cluster whose membership mass sum_i u_ij -
     its effective number of records - is below the floor is withheld (zero sums and mass)."""
-    u = fcm_memberships(X, centres, m)
-    um = u**m
-    sums, mass = um.T @ np.asarray(X, dtype=np.float64), um.sum(0)
-    withheld = u.sum(0) < floor
+    k = np.shape(centres)[0]
+    sums, mass, effective = np.zeros((k, np.shape(X)[1])), np.zeros(k), np.zeros(k)
+    for rows in row_chunks(len(X), max(k, np.shape(X)[1])):  # bounded memory: no n x k temporaries
+        u = fcm_memberships(X[rows], centres, m)
+        um = u**m
+        sums += um.T @ np.asarray(X[rows], dtype=np.float64)
+        mass += um.sum(0)
+        effective += u.sum(0)
+    withheld = effective < floor
     sums[withheld], mass[withheld] = 0.0, 0.0
     return sums, mass
+
+
+def membership_mass(X: np.ndarray, centres: np.ndarray, m: float) -> np.ndarray:
+    """sum_i u_ij per centre (each cluster's effective number of records), a chunk of rows at a time."""
+    mass = np.zeros(np.shape(centres)[0])
+    for rows in row_chunks(len(X), max(np.shape(centres)[0], np.shape(X)[1])):
+        mass += fcm_memberships(X[rows], centres, m).sum(0)
+    return mass
 
 
 def local_fcm(
@@ -69,7 +83,7 @@ def local_fcm(
     tol: float = INIT_TOL,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Plain FCM on local data (k-means++ init unless `centres` given); returns (centres, membership mass)."""
-    X = np.asarray(X, dtype=np.float64)
+    X = as_float(X)  # float32 records stay float32 (the sums are float64, a chunk at a time)
     if centres is None:
         centres, _ = kmeans_plusplus(X, n_clusters=min(k, X.shape[0]), random_state=seed)
     for _ in range(iters):
@@ -96,7 +110,7 @@ class FFCMClient(ClusteringClient):
             return self.uplink.send_moments(X, self.identity_metrics())
         if config["phase"] == "init":  # local FCM centres are not sums: the server asks only plain runs
             centres, mass = local_fcm(X, capped_clusters(self.k, n, self.floor), m, self.seed)
-            effective = fcm_memberships(X, centres, m).sum(0)  # records' worth of membership
+            effective = membership_mass(X, centres, m)  # records' worth of membership
             withheld = effective < self.floor
             centres[withheld], mass[withheld] = 0.0, 0.0
             metrics = {**self.identity_metrics(), WITHHELD_KEY: int(withheld.sum())}
@@ -117,7 +131,10 @@ class FFCMClient(ClusteringClient):
     def assign(self, parameters: NDArrays, config: dict[str, Scalar]) -> Assignment:
         """Hard label = nearest centre; score = its FCM membership under the run's fuzzifier."""
         labels = self.predict(parameters, config)
-        memberships = fcm_memberships(self.space, parameters[0], self.cfg.params(FFCMConfig).fuzziness)
+        X, m = self.space, self.cfg.params(FFCMConfig).fuzziness
+        scores = np.empty(len(labels))
+        for rows in row_chunks(len(labels), max(parameters[0].shape[0], X.shape[1])):
+            memberships = fcm_memberships(X[rows], parameters[0], m)
+            scores[rows] = np.take_along_axis(memberships, labels[rows, None], axis=1)[:, 0]
         # under DP the report clips and noises (or withholds) its statistics itself (clients/base.py)
-        space = self.data.features
-        return Assignment(labels, memberships[np.arange(len(labels)), labels], "membership", space)
+        return Assignment(labels, scores, "membership", self.data.features)
