@@ -15,9 +15,10 @@ import numpy as np
 CHUNK_ELEMENTS = 1 << 20  # float64 values per temporary (8 MiB): stays in cache-friendly sizes, bounds memory
 
 
-def row_chunks(n_rows: int, width: int, elements: int = CHUNK_ELEMENTS) -> Iterator[slice]:
-    """Consecutive row slices covering `n_rows`, each at most `elements` // `width` rows (at least one)."""
-    step = max(1, elements // max(1, width))
+def row_chunks(n_rows: int, width: int, elements: int | None = None) -> Iterator[slice]:
+    """Consecutive row slices covering `n_rows`, each at most `elements` (default `CHUNK_ELEMENTS`, read at
+    call time) // `width` rows, at least one."""
+    step = max(1, (elements or CHUNK_ELEMENTS) // max(1, width))
     for start in range(0, n_rows, step):
         yield slice(start, min(start + step, n_rows))
 
