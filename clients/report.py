@@ -154,7 +154,8 @@ class ClientReport:
         if result.space is not None:
             space = result.space if shared.all() else np.asarray(result.space)[shared]
             sums = cluster_sums(space, kept["labels"], k)
-            if result.space is client.data.features:  # stage 2 takes them again: no copy in the state
+            vectors = client.data.dataset.features is not None  # (`data.features` raises without them)
+            if vectors and result.space is client.data.features:  # stage 2 maps them again: no copy kept
                 kept["shared"] = shared
             else:
                 kept["space"] = space

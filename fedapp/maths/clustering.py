@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from sklearn.cluster import KMeans
 
-from fedapp.maths.chunks import as_float, row_chunks
+from fedapp.maths.chunks import row_chunks
 from fedapp.maths.threads import one_blas_thread, one_openmp_thread
 
 # Below this many entries (n_samples x n_features) scikit-learn's OpenMP threads cost more than they save:
@@ -47,8 +47,9 @@ def kmeans(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seeded k-means++ / Lloyd (scikit-learn); returns (centres (k, d) float64, labels).
 
-    float32 records stay float32 (scikit-learn's float32 Lloyd: half the memory, no copy of the data)."""
-    X = as_float(X)
+    float32 records are copied to float64 for the fit: scikit-learn's k-means++ upcasts float32 in small
+    blocks, which made a 250,000 x 32 fit 1.3x slower than the float64 copy (4.2 s against 3.2 s)."""
+    X = np.asarray(X, dtype=np.float64)
     if not 1 <= k <= X.shape[0]:
         raise ValueError(f"k-means needs 1 <= k <= n_samples, got k={k}, n_samples={X.shape[0]}")
     model = KMeans(n_clusters=k, n_init=n_init, random_state=seed)
