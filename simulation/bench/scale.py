@@ -2,6 +2,7 @@
 
     python -m simulation.bench.scale [--sizes 100000 1000000 10000000] [--work DIR] [--plot docs/scale.png]
     python -m simulation.bench.scale --deploy 1000000 [--rounds 6]
+    python -m simulation.bench.scale --embeddings 2000
 
 For each n it writes 4 Parquet files (`make_blobs`: 32 float32 features, 20 centres, a `label` column;
 each site drawn around the same centres), then runs, each as its own process (one process tree):
@@ -15,6 +16,8 @@ rounds, final report for the federated runs, from summary.json) and the peak RSS
 `--deploy N`: a loopback deployment (`deploy/run_local.py`: a SuperLink and 3 SuperNodes, each reading
 only its own N-record file, so every message's ClientApp process maps the node's parsed-array cache)
 of FFCM against `bench-echo` on the same files with FFCM's payload: the median of rounds 2 .. R-1.
+`--embeddings N`: texts/s of fedapp's encoding path and of sentence-transformers' `encode` called
+directly, same titles, batch size 64 and model.
 """
 
 from __future__ import annotations
@@ -162,6 +165,29 @@ def deploy_row(n: int, work: Path, rounds: int) -> dict[str, Any]:
     return result
 
 
+def embedding_throughput(
+    count: int, data_dir: Path, batch_size: int = 64, repeats: int = 2
+) -> dict[str, float]:
+    """Texts/s of fedapp's encoding path (`_encode`: length-sorted batches) against sentence-transformers'
+    own `model.encode` on the same StackOverflow titles, batch size and loaded model, alternating."""
+    from fedapp.features.embeddings import _encode, load_sentence_model
+    from simulation.bench.embeddings import _titles
+
+    texts = _titles(data_dir)[:count]
+    model = load_sentence_model(device="cpu")
+    model.encode(texts[:batch_size], batch_size=batch_size)  # warm-up
+    rates: dict[str, list[float]] = {"sentence-transformers": [], "fedapp": []}
+    for _ in range(repeats):
+        for name in rates:
+            started = time.perf_counter()
+            if name == "fedapp":
+                _encode(model, texts, batch_size=batch_size, normalize=False, progress=False, label="")
+            else:
+                model.encode(texts, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True)
+            rates[name].append(len(texts) / (time.perf_counter() - started))
+    return {f"{name} texts/s": float(np.median(values)) for name, values in rates.items()}
+
+
 def table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
     lines = [
         "| n | run | wall s | stages (s) | peak RSS GB | NMI | wall / pooled | RSS / pooled |",
@@ -213,10 +239,17 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="save every number here")
     parser.add_argument("--deploy", type=int, metavar="N", help="the deployment row: 3 SuperNodes x N")
     parser.add_argument("--rounds", type=int, default=6, help="deployment rounds (default 6)")
+    parser.add_argument(
+        "--embeddings", type=int, metavar="N", help="text throughput on N StackOverflow titles"
+    )
+    parser.add_argument("--data-dir", type=Path, default=PROJECT_ROOT.parent / "shared" / "data")
     parser.add_argument("--pooled", type=Path, help=argparse.SUPPRESS)  # the baseline's child process
     args = parser.parse_args()
     if args.pooled:
         print(json.dumps(pooled(args.pooled)))
+        return
+    if args.embeddings:
+        print(json.dumps(embedding_throughput(args.embeddings, args.data_dir), indent=1))
         return
     work = args.work or Path(tempfile.mkdtemp(prefix="fedapp-scale-"))
     if args.deploy:
