@@ -149,3 +149,16 @@ def test_a_damaged_entry_is_parsed_again(tmp_path: Path, damage: str) -> None:
     assert reads == [1, 1]
     np.testing.assert_array_equal(again.vectors, first.vectors)
     assert len(_cached(spec, columns, root, reads).vectors) == 200 and reads == [1, 1]  # rewritten
+
+
+def test_ffcm_init_on_a_sample_above_the_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clients import ffcm
+
+    X, truth = _blobs(n=2000, k=4, seed=2)
+    whole = ffcm.local_init(X, 4, 1.5, seed=0)
+    np.testing.assert_array_equal(whole[0], ffcm.local_fcm(X, 4, 1.5, 0)[0])  # small: unchanged
+    monkeypatch.setattr(ffcm, "INIT_SAMPLE", 500)
+    centres, mass = ffcm.local_init(X, 4, 1.5, seed=0)
+    assert mass.sum() == pytest.approx(membership_sums(X, centres, 1.5)[1].sum())  # mass over every record
+    nmi = normalized_mutual_info_score(truth, nearest_centre(X, centres))
+    assert nmi == pytest.approx(normalized_mutual_info_score(truth, nearest_centre(X, whole[0])), abs=0.01)
