@@ -27,7 +27,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,24 +76,13 @@ def pooled(folder: Path) -> dict[str, float]:
 
 def measured(command: list[str]) -> tuple[float, float, str]:
     """(wall seconds, peak RSS of the process tree in MB, stdout) of one command."""
-    from simulation.bench.rounds import _tree_rss_mb
+    from simulation.bench.rounds import run_sampled
 
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    peak = [0.0]
-
-    def sample() -> None:
-        while process.poll() is None:
-            peak[0] = max(peak[0], _tree_rss_mb(process.pid))
-            time.sleep(0.5)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = process.communicate()
-    sampler.join()
-    if process.returncode:
+    status, stdout, stderr, peak = run_sampled(command, subprocess.PIPE)
+    if status:
         raise RuntimeError(f"{' '.join(command)} failed: {stderr.decode()[-2000:]}")
-    return time.monotonic() - started, peak[0], stdout.decode()
+    return time.monotonic() - started, peak, stdout.decode()
 
 
 def federated_row(command: list[str], out: Path) -> dict[str, Any]:
