@@ -146,9 +146,7 @@ def _measure(command: list[str], out: Path) -> Measured:
         raise RuntimeError(f"{' '.join(command)} wrote no summary: {stderr.decode()[-2000:]}")
     summary = json.loads(summary_path.read_text())
     rounds = [t["round_s"] for r, t in summary.get("timing", {}).items() if int(r) >= 2 and "round_s" in t]
-    return Measured(
-        statistics.median(rounds) if rounds else None, peak, time.monotonic() - started, summary
-    )
+    return Measured(statistics.median(rounds) if rounds else None, peak, time.monotonic() - started, summary)
 
 
 def _set_args(keys: dict[str, Any]) -> list[str]:
