@@ -162,3 +162,21 @@ def test_ffcm_init_on_a_sample_above_the_threshold(monkeypatch: pytest.MonkeyPat
     assert mass.sum() == pytest.approx(membership_sums(X, centres, 1.5)[1].sum())  # mass over every record
     nmi = normalized_mutual_info_score(truth, nearest_centre(X, centres))
     assert nmi == pytest.approx(normalized_mutual_info_score(truth, nearest_centre(X, whole[0])), abs=0.01)
+
+
+def test_an_own_file_run_writes_each_nodes_cache_and_a_rerun_gives_the_same_result(tmp_path: Path) -> None:
+    from fedapp.launch.resolve import build_overrides
+    from simulation.runner import execute
+
+    X, labels = _blobs(n=600, d=3, k=3)
+    for site, rows in enumerate((slice(0, 300), slice(300, 600))):
+        frame = pd.DataFrame(X[rows].astype(np.float32), columns=["a", "b", "c"])
+        frame["label"] = labels[rows]
+        frame.to_parquet(tmp_path / f"site-{site}.parquet")
+    spec = f"parquet:{tmp_path}/site-{{partition-id}}.parquet"
+    keys = {"method": "kfed", "dataset": spec, "num-clients": 2, "k": 3}
+    first = execute(build_overrides(keys, tmp_path / "out"), engine="inprocess", quiet=True)
+    for site in range(2):
+        assert len(list((tmp_path / "out" / "nodes" / str(site)).joinpath(*FOLDER).glob("*.json"))) == 1
+    again = execute(build_overrides(keys, tmp_path / "out"), engine="inprocess", quiet=True, overwrite=True)
+    assert again["metrics"] == first["metrics"] and first["metrics"]["nmi"] > 0.5
