@@ -208,8 +208,12 @@ def plot(results: dict[int, dict[str, dict[str, Any]]], path: Path) -> None:
     sizes = sorted(results)
     figure, (seconds, memory) = plt.subplots(1, 2, figsize=(10, 4))
     for name in ("pooled", "kfed", "ffcm"):
-        seconds.loglog(sizes, [results[n][name]["wall_s"] for n in sizes], "o-", label=name)
-        memory.loglog(sizes, [results[n][name]["peak_mb"] / 1e3 for n in sizes], "o-", label=name)
+        measured_sizes = [n for n in sizes if name in results[n]]  # a size may lack a run (too slow)
+        walls = [results[n][name]["wall_s"] for n in measured_sizes]
+        seconds.loglog(measured_sizes, walls, "o-", label=name)
+        memory.loglog(
+            measured_sizes, [results[n][name]["peak_mb"] / 1e3 for n in measured_sizes], "o-", label=name
+        )
     seconds.set(xlabel="records n (4 sites)", ylabel="wall seconds", title="time")
     memory.set(xlabel="records n (4 sites)", ylabel="peak RSS (GB)", title="memory")
     for axes in (seconds, memory):
