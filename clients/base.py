@@ -84,8 +84,8 @@ class ClusteringClient(NumPyClient):
         return owns_file(self.cfg)
 
     def load_data(self) -> LocalData:
-        if self.owns_file:
-            return own_file(self.cfg, self.partition_id)
+        if self.owns_file:  # parsed once per node: later messages' processes map the node's cache
+            return own_file(self.cfg, self.partition_id, self.embedding_cache().directory)
         return local_partition(self.cfg, self.partition_id, self.num_partitions)
 
     def identity_metrics(self) -> dict[str, Scalar]:

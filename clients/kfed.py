@@ -21,7 +21,7 @@ from flwr.common import NDArrays, Scalar
 
 from clients.base import ClusteringClient
 from fedapp.maths.clustering import nearest_centre
-from fedapp.methods.kfed import KFedConfig
+from fedapp.methods.kfed import KFedConfig, local_restarts
 from fedapp.metrics.label_free import cluster_sums
 from fedapp.privacy.dp import clip_rows, gaussian_mechanism, sum_count_sensitivity
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, floored_kmeans
@@ -102,7 +102,7 @@ class KFedClient(ClusteringClient):
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         k_local = int(config.get("local-k", 0)) or self.k
-        restarts = self.cfg.params(KFedConfig).local_restarts
+        restarts = local_restarts(self.cfg.params(KFedConfig).local_restarts, self.data.n_samples)
         return kfed_reply(
             self.uplink, self.data.features, k_local, self.seed, restarts, self.identity_metrics()
         )

@@ -152,8 +152,13 @@ class ClientReport:
         kept = {"labels": result.labels[shared].astype(np.int64)}
         sums = None
         if result.space is not None:
-            kept["space"] = np.asarray(result.space, dtype=np.float64)[shared]
-            sums = cluster_sums(kept["space"], kept["labels"], k)
+            space = result.space if shared.all() else np.asarray(result.space)[shared]
+            sums = cluster_sums(space, kept["labels"], k)
+            vectors = client.data.dataset.features is not None  # (`data.features` raises without them)
+            if vectors and result.space is client.data.features:  # stage 2 maps them again: no copy kept
+                kept["shared"] = shared
+            else:
+                kept["space"] = space
         if client.data.dataset.texts is not None:
             min_docs = max(client.cfg.keyword_min_docs, client.floor)
             counts = cluster_term_counts(client.data.texts, result.labels, k, min_documents=min_docs)
@@ -236,6 +241,9 @@ class ClientReport:
         if REPORT_STATE not in client.context.state:
             raise ValueError(f"client {client.partition_id}: no assignments yet (the report's first stage)")
         kept = {name: array.numpy() for name, array in client.context.state[REPORT_STATE].items()}
+        if "shared" in kept:  # the metric space is the client's features (the process's cached read)
+            shared = kept.pop("shared").astype(bool)
+            kept["space"] = client.data.features if shared.all() else client.data.features[shared]
         if "space" not in kept:
             raise ValueError(
                 f"client {client.partition_id}: method '{client.cfg.method}' has no metric space"

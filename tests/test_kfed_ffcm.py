@@ -18,6 +18,7 @@ from fedapp.datasets.local import load_run_dataset
 from fedapp.launch.resolve import build_overrides
 from fedapp.maths.clustering import nearest_centre
 from fedapp.methods.ffcm import FFCMConfig
+from fedapp.methods.kfed import local_restarts
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, PrivacyFloorError, merge_small_clusters
 from simulation.experiments import ExperimentError, load_experiment, run_experiment
 from simulation.runner import execute
@@ -88,9 +89,16 @@ def test_local_centres_are_seeded() -> None:
 def test_local_restarts_key_sets_the_local_kmeans_restarts(tmp_path: Path) -> None:
     """`kfed.local-restarts` reaches the client's k-means; fewer restarts cost less and still cluster."""
     one = _run(tmp_path, "r1", method="kfed", **{"kfed.local-restarts": 1})
-    ten = _run(tmp_path, "r10", method="kfed")
+    ten = _run(tmp_path, "r10", method="kfed", **{"kfed.local-restarts": 10})
+    auto = _run(tmp_path, "auto", method="kfed")  # 0: 10 restarts below 50,000 records a client
     assert one["config"]["kfed.local-restarts"] == 1 and ten["config"]["kfed.local-restarts"] == 10
     assert one["metrics"] != ten["metrics"] and one["metrics"]["nmi"] > 0.5
+    assert auto["config"]["kfed.local-restarts"] == 0 and auto["metrics"] == ten["metrics"]
+
+
+def test_auto_restarts_pay_only_on_small_clients() -> None:
+    assert local_restarts(0, 1_797) == 10 and local_restarts(0, 250_000) == 1
+    assert local_restarts(3, 250_000) == 3 and local_restarts(1, 100) == 1
 
 
 # ----------------------------------------------------------------------------------------- FCM maths

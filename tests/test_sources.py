@@ -135,8 +135,10 @@ def test_npy(tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", array)
     data = read_source(f"npy:{tmp_path / 'x.npy'}")
     np.testing.assert_array_equal(data.vectors, array)
-    assert data.vectors.dtype == np.float64 and not data.labelled and data.ids == ("0", "1", "2", "3")
+    assert data.vectors.dtype == np.float32 and not data.labelled and data.ids == ("0", "1", "2", "3")
     assert source_kind(f"npy:{tmp_path / 'x.npy'}") == "vectors"
+    np.save(tmp_path / "i.npy", array.astype(np.int16))  # float32 stays float32, anything else float64
+    assert read_source(f"npy:{tmp_path / 'i.npy'}").vectors.dtype == np.float64
 
 
 def test_npz_with_labels_and_ids(tmp_path: Path) -> None:

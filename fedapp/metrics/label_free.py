@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.features.bow import Tokenizer
+from fedapp.maths.chunks import as_float, row_chunks
 
 LabelFreeMetrics = dict[str, float | int | list[int] | None]
 
@@ -71,13 +72,14 @@ def _check_labels(labels: Any, n_rows: int, k: int) -> np.ndarray:
 
 
 def _check_features(features: Any) -> np.ndarray:
+    """Real, finite 2-d features; float32 stays float32 (the sums convert a chunk at a time)."""
     features = np.asarray(features)
     if features.ndim != 2 or features.shape[1] < 1:
         raise LabelFreeError(f"features must be 2-d (rows x dims, dims >= 1), got shape {features.shape}")
     if features.size and features.dtype.kind not in "iuf":
         raise LabelFreeError(f"features must be real numbers, got dtype {features.dtype}")
-    features = features.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(features)):
+    features = as_float(features)
+    if not all(np.isfinite(features[rows]).all() for rows in row_chunks(*features.shape)):
         raise LabelFreeError("features hold NaN or infinite values")
     return features
 
@@ -108,8 +110,10 @@ def cluster_sums(features: np.ndarray, labels: np.ndarray, k: int) -> ClusterSum
     features = _check_features(features)
     labels = _check_labels(labels, features.shape[0], k)
     sums = np.zeros((k, features.shape[1]), dtype=np.float64)
-    for cluster in np.unique(labels):
-        sums[cluster] = features[labels == cluster].sum(axis=0)  # NumPy's pairwise summation
+    for rows in row_chunks(*features.shape):
+        chunk, chunk_labels = features[rows], labels[rows]
+        for cluster in np.unique(chunk_labels):  # NumPy's pairwise summation within a chunk, in float64
+            sums[cluster] += chunk[chunk_labels == cluster].sum(axis=0, dtype=np.float64)
     return ClusterSums(np.bincount(labels, minlength=k).astype(np.int64), sums)
 
 
@@ -190,23 +194,42 @@ def distance_sums(
     if not np.all(counts[labels] > 0):
         raise LabelFreeError("a row is labelled with a cluster whose pooled count is 0")
     used = np.flatnonzero(counts > 0)
-    # Explicit differences, not ||x||^2 - 2 x.mu + ||mu||^2, which cancels for data with a large offset.
-    squared = np.stack([((features - means[c]) ** 2).sum(axis=1) for c in used], axis=1)  # (n, used)
-    distance = np.sqrt(squared)
-    own = np.searchsorted(used, labels)  # column of each row's own cluster
-    rows = np.arange(labels.size)
-    distance_per_cluster = np.bincount(labels, weights=distance[rows, own], minlength=k)
-    squared_per_cluster = np.bincount(labels, weights=squared[rows, own], minlength=k)
-    silhouette_sum = 0.0
-    if used.size >= 2:
-        a = distance[rows, own]
-        others = distance.copy()
-        others[rows, own] = np.inf
-        b = others.min(axis=1)
-        largest = np.maximum(a, b)
-        s = np.divide(b - a, largest, out=np.zeros_like(a), where=largest > 0)
-        silhouette_sum = float(np.clip(s.sum(), -labels.size, labels.size))
+    distance_per_cluster, squared_per_cluster, silhouette_sum = np.zeros(k), np.zeros(k), 0.0
+    for rows in row_chunks(labels.size, max(used.size, features.shape[1])):
+        chunk = _chunk_distance_sums(features[rows], labels[rows], means, used)
+        distance_per_cluster += chunk[0]
+        squared_per_cluster += chunk[1]
+        silhouette_sum += chunk[2]
+    silhouette_sum = float(np.clip(silhouette_sum, -labels.size, labels.size))
     return DistanceSums(distance_per_cluster, squared_per_cluster, silhouette_sum, int(labels.size))
+
+
+def _chunk_distance_sums(
+    features: np.ndarray, labels: np.ndarray, means: np.ndarray, used: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """`distance_sums` of one chunk of rows: (distance sums, squared sums, silhouette sum)."""
+    k = means.shape[0]
+    x = np.asarray(features, dtype=np.float64)
+    # Own-cluster distances as explicit differences, not ||x||^2 - 2 x.mu + ||mu||^2, which cancels for
+    # data with a large offset: inertia, Calinski-Harabasz and Davies-Bouldin rest on them.
+    offset = x - means[labels]
+    squared = np.einsum("nd,nd->n", offset, offset)
+    a = np.sqrt(squared)
+    distance_sums_ = np.bincount(labels, weights=a, minlength=k)
+    squared_sums = np.bincount(labels, weights=squared, minlength=k)
+    if used.size < 2:
+        return distance_sums_, squared_sums, 0.0
+    # The silhouette's nearest other mean: one product around the means' centre (which removes a common
+    # offset); its rounding only moves b, in a ratio summed over all rows.
+    centre = means[used].mean(0)
+    x = x - centre
+    others = means[used] - centre
+    d2 = (x * x).sum(1)[:, None] - 2.0 * x @ others.T + (others * others).sum(1)[None, :]
+    d2[np.arange(labels.size), np.searchsorted(used, labels)] = np.inf
+    b = np.sqrt(np.maximum(d2.min(axis=1), 0.0))
+    largest = np.maximum(a, b)
+    s = np.divide(b - a, largest, out=np.zeros_like(a), where=largest > 0)
+    return distance_sums_, squared_sums, float(s.sum())
 
 
 def merge_distance_sums(parts: Iterable[DistanceSums]) -> DistanceSums:

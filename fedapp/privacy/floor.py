@@ -53,14 +53,14 @@ def merge_small_clusters(points: np.ndarray, labels: np.ndarray, floor: int) -> 
     centre, smallest cluster first, until every non-empty cluster holds >= floor rows (or one is left).
     Returns (labels, number of clusters merged away)."""
     labels = np.asarray(labels, dtype=np.int64).copy()
-    points = np.asarray(points, dtype=np.float64)
+    points = np.asarray(points)  # float32 stays float32: the means below are taken in float64
     merged = 0
     while True:
         present, sizes = np.unique(labels, return_counts=True)
         if len(present) <= 1 or sizes.min() >= floor:
             return labels, merged
         small = present[np.argmin(sizes)]
-        centres = np.stack([points[labels == c].mean(0) for c in present])
+        centres = np.stack([points[labels == c].mean(0, dtype=np.float64) for c in present])
         own = centres[present == small][0]
         distances = ((centres - own) ** 2).sum(1)
         distances[present == small] = np.inf
@@ -78,6 +78,6 @@ def floored_kmeans(
     labels, merged = merge_small_clusters(points, labels, floor)
     if merged:
         kept = np.unique(labels)
-        centres = np.stack([np.asarray(points, dtype=np.float64)[labels == c].mean(0) for c in kept])
+        centres = np.stack([points[labels == c].mean(0, dtype=np.float64) for c in kept])
         labels = np.searchsorted(kept, labels)
     return centres, np.bincount(labels, minlength=len(centres)).astype(np.int64), merged

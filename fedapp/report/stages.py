@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from fedapp.maths.chunks import row_chunks
 from fedapp.maths.clustering import nearest_centre
 from fedapp.metrics.label_free import (
     ClusterSums,
@@ -99,11 +100,15 @@ class Assignment:
 
 
 def nearest_with_distance(space: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(nearest centre as `nearest_centre` picks it, Euclidean distance to it) for every row."""
-    x = np.asarray(space, dtype=np.float64)
-    labels = nearest_centre(x, centres)
-    offset = x - np.asarray(centres, dtype=np.float64)[labels]
-    return labels, np.sqrt((offset * offset).sum(1))
+    """(nearest centre as `nearest_centre` picks it, Euclidean distance to it) for every row, a chunk of
+    rows at a time in float64 (no float64 copy of the whole space)."""
+    centres = np.asarray(centres, dtype=np.float64)
+    labels = nearest_centre(space, centres)
+    distances = np.empty(len(labels), dtype=np.float64)
+    for rows in row_chunks(len(labels), np.shape(space)[1]):
+        offset = np.asarray(space[rows], dtype=np.float64) - centres[labels[rows]]
+        distances[rows] = np.sqrt((offset * offset).sum(1))
+    return labels, distances
 
 
 # ------------------------------------------------------------------------------- SecAgg+ layout

@@ -120,9 +120,10 @@ def _tree_rss_mb(root: int) -> float:
     return sum(rss.get(pid, 0) for pid in members) / 1e6
 
 
-def _measure(command: list[str], out: Path) -> Measured:
-    started = time.monotonic()
-    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def run_sampled(command: list[str], stdout: int = subprocess.DEVNULL) -> tuple[int, bytes, bytes, float]:
+    """Run `command` from the project root: (exit status, stdout, stderr, peak RSS of its tree in MB,
+    sampled every 0.5 s)."""
+    process = subprocess.Popen(command, cwd=PROJECT_ROOT, stdout=stdout, stderr=subprocess.PIPE)
     peak = [0.0]
 
     def sample() -> None:
@@ -132,16 +133,20 @@ def _measure(command: list[str], out: Path) -> Measured:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    _, stderr = process.communicate()
+    out, stderr = process.communicate()
     sampler.join()
+    return process.returncode, out or b"", stderr, peak[0]
+
+
+def _measure(command: list[str], out: Path) -> Measured:
+    started = time.monotonic()
+    _, _, stderr, peak = run_sampled(command)
     summary_path = out / "summary.json"
     if not summary_path.exists():
         raise RuntimeError(f"{' '.join(command)} wrote no summary: {stderr.decode()[-2000:]}")
     summary = json.loads(summary_path.read_text())
     rounds = [t["round_s"] for r, t in summary.get("timing", {}).items() if int(r) >= 2 and "round_s" in t]
-    return Measured(
-        statistics.median(rounds) if rounds else None, peak[0], time.monotonic() - started, summary
-    )
+    return Measured(statistics.median(rounds) if rounds else None, peak, time.monotonic() - started, summary)
 
 
 def _set_args(keys: dict[str, Any]) -> list[str]:
