@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedapp.maths.chunks import as_float, row_chunks
+from fedapp.metrics.label_free import cluster_sums
 from fedapp.wire import ReplyError, decode_arrays, encode_arrays
 
 KEEP_KEY = "keep"  # EvaluateIns config: this message scores the two candidates
@@ -57,18 +59,19 @@ class CandidateSums:
 
 
 def candidate_sums(space: np.ndarray, labellings: list[np.ndarray], k: int, floor: int) -> CandidateSums:
-    """A client's statistics of each labelling of its records in `space` (n, d)."""
-    x = np.asarray(space, dtype=np.float64)
-    norms = np.einsum("ij,ij->i", x, x)
+    """A client's statistics of each labelling of its records in `space` (n, d), in bounded row chunks
+    (`fedapp.metrics.label_free.cluster_sums`)."""
+    x = as_float(np.asarray(space))
+    norms = np.concatenate(
+        [np.einsum("ij,ij->i", x[rows], x[rows], dtype=np.float64) for rows in row_chunks(*x.shape)]
+    )
     counts, sums, squared = [], [], []
     for labels in labellings:
         sizes = np.bincount(labels, minlength=k)
         shared = sizes[labels] >= floor  # the privacy floor: small clusters sit out
-        kept = labels[shared]
-        counts.append(np.bincount(kept, minlength=k).astype(np.int64))
-        per_cluster = np.zeros((k, x.shape[1]))
-        np.add.at(per_cluster, kept, x[shared])
-        sums.append(per_cluster)
+        part = cluster_sums(x, np.where(shared, labels, k), k + 1)  # cluster k: the records that sit out
+        counts.append(part.counts[:k])
+        sums.append(part.sums[:k])
         squared.append(float(norms[shared].sum()))
     return CandidateSums(np.stack(counts), np.stack(sums), np.asarray(squared))
 
