@@ -69,7 +69,11 @@ def test_the_rule_keeps_the_trained_model_unless_it_is_clearly_worse() -> None:
     noisy[:3] = (noisy[:3] + 1) % K  # a little worse
     random = np.random.default_rng(4).integers(0, K, len(x))
     little = candidate_sums(x, [good, noisy], K, floor=1)
-    assert choose(little, "best").kept == "final"  # within the margin: training is the method's point
+    ratio = calinski_harabasz(little.counts[1], little.sums[1], float(little.squared_norms[1])) / (
+        calinski_harabasz(little.counts[0], little.sums[0], float(little.squared_norms[0])) or 1.0
+    )
+    assert choose(little, "best", margin=1.01 - ratio).kept == "final"  # within the margin: trained kept
+    assert choose(little, "best", margin=0.99 - ratio).kept == "start"
     wrecked = candidate_sums(x, [good, random], K, floor=1)
     choice = choose(wrecked, "best")
     assert choice.kept == "start" and choice.degraded

@@ -2,18 +2,22 @@
 space), their NMI when the data are labelled, and which was kept (`report.select` of summary.json).
 
     python -m simulation.bench.select_table results/select/*/
+
+`kept` is what the run kept; `at margin M` (with `--margin M`, repeatable) what the rule would keep with
+another `fedapp.report.keep.KEEP_MARGIN`, from the same scores.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 
-def row(run: Path) -> str:
+def row(run: Path, margins: list[float]) -> str:
     summary = json.loads((run / "summary.json").read_text())
-    select = summary["report"].get("select") or {}
+    select = summary.get("report", {}).get("select") or {}
     scores, labelled = select.get("scores") or {}, select.get("labelled") or {}
     start, final = scores.get("start"), scores.get("final")
     ratio = f"{final / start:.3f}" if start and final else "—"
@@ -28,15 +32,27 @@ def row(run: Path) -> str:
     return (
         f"| {run.name} | {ch(start)} | {ch(final)} | {ratio} | {nmi('start')} | {nmi('final')} | "
         f"{select.get('kept', '—')} |"
+        + "".join(f" {_kept_at(start, final, margin)} |" for margin in margins)
     )
 
 
+def _kept_at(start: float | None, final: float | None, margin: float) -> str:
+    if start is None:
+        return "—"
+    return "start" if final is None or final < (1.0 - margin) * start else "final"
+
+
 def main(argv: list[str]) -> int:
-    runs = [Path(arg) for arg in argv if (Path(arg) / "summary.json").exists()]
-    print("| run | CH start | CH final | final / start | NMI start | NMI final | kept |")
-    print("|---|---|---|---|---|---|---|")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--margin", type=float, action="append", default=[])
+    args = parser.parse_args(argv)
+    runs = [run for run in args.runs if (run / "summary.json").exists()]
+    extra = "".join(f" at margin {margin:g} |" for margin in args.margin)
+    print(f"| run | CH start | CH final | final / start | NMI start | NMI final | kept |{extra}")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(args.margin))
     for run in sorted(runs):
-        print(row(run))
+        print(row(run, args.margin))
     return 0
 
 
