@@ -13,22 +13,21 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedapp.config.run import RunConfig, parse_run_config
-from fedapp.datasets.local import LocalData, local_partition, own_file, owns_file
+from fedapp.datasets import has_placeholder
+from fedapp.datasets.local import load_run_dataset, local_view
 from fedapp.datasets.registry import dataset_info
 from fedapp.datasets.sources import Columns
-from fedapp.features.texts import embedding_cache, local_embeddings
 from fedapp.maths.fstc import SITE_SKEW_WARNING, initial_centres, site_skew
 from fedapp.methods import METHODS, methods_for_kind
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, floored_kmeans
+from simulation.tune import client_rows
 
 SKEW_EVIDENCE = "docs/methods/fstc.md#real-data-shapes-label-skewed-sites-long-tailed-clusters-many-clusters"
-FSTC_MAX_LENGTH = 32  # tokens, as FSTC and fsbert-kfed embed (their max-length default)
 DEFAULT_K = 10  # clusters for the skew measure when neither k nor labels say
 
 
@@ -56,31 +55,16 @@ class Advice:
         return "\n".join(lines)
 
 
-def _space(cfg: RunConfig, data: LocalData, site: int) -> np.ndarray:
-    """The space the methods cluster in; own texts' embeddings are cached only where the run would
-    (`embedding-cache` a directory), benchmark texts' in the shared user cache."""
-    if data.dataset.texts is None:
-        return np.asarray(data.features, dtype=np.float64)
-    setting = "off" if cfg.own_data and cfg.embedding_cache in ("auto", "node") else cfg.embedding_cache
-    cache = embedding_cache(setting, own_data=cfg.own_data, node_dir=Path("."), partition_id=site)
-    return local_embeddings(data, cfg.embedding_model, FSTC_MAX_LENGTH, cfg.device, cache)
-
-
-def _sites(cfg: RunConfig) -> list[LocalData]:
-    if owns_file(cfg):
-        return [own_file(cfg, site) for site in range(cfg.num_clients)]
-    return [local_partition(cfg, site, cfg.num_clients) for site in range(cfg.num_clients)]
-
-
-def measure_skew(cfg: RunConfig, sites: list[LocalData], k: int) -> list[float]:
-    """FSTC's site skew of these sites (module docstring)."""
+def measure_skew(cfg: RunConfig, k: int) -> tuple[list[int], list[float]]:
+    """(records per site, FSTC's site skew per site) of the run `cfg` describes (module docstring)."""
+    sites, rows = client_rows(cfg)  # each site's rows in the space `fedapp tune` would score
     points, weights = [], []
-    for site, data in enumerate(sites):
-        space = _space(cfg, data, site)
+    for site, space in enumerate(rows):
         centres, counts, _ = floored_kmeans(space, k, cfg.seed + site, CLIENT_MIN_CLUSTER, n_init=1)
         points.append(centres)
         weights.append(counts.astype(np.float64))
-    return site_skew(points, weights, initial_centres(points, weights, k, cfg.seed))
+    skew = site_skew(points, weights, initial_centres(points, weights, k, cfg.seed))
+    return [site.n_samples for site in sites], skew
 
 
 def favoured(kind: str, skew: float | None) -> list[tuple[str, str]]:
@@ -118,13 +102,12 @@ def advise(dataset: str, overrides: dict[str, Any]) -> Advice:
     # a method that reads this kind, so every site's data loads as that run would read it
     reader = "fsbert-kfed" if kind == "texts" else "cefmc" if kind == "multiview" else "kfed"
     cfg = parse_run_config({"method": reader, **keys})
-    sites = _sites(cfg)
-    first = sites[0].dataset
-    skew = None
-    if cfg.num_clients > 1 and kind != "multiview":
+    if kind == "multiview" or cfg.num_clients < 2:  # vertical parties hold the same records: no skew
+        sites = [local_view(cfg, site, cfg.num_clients) for site in range(cfg.num_clients)]
+        records, skew = [site.n_samples for site in sites], None
+    else:
+        first = load_run_dataset(cfg, 0 if has_placeholder(cfg.dataset) else None)
         k = cfg.k or (first.n_classes if first.labelled else DEFAULT_K)
-        skew = measure_skew(cfg, sites, k)
+        records, skew = measure_skew(cfg, k)
     mean = None if skew is None else float(np.mean(skew))
-    return Advice(
-        kind, len(sites), [s.n_samples for s in sites], skew, methods_for_kind(kind), favoured(kind, mean)
-    )
+    return Advice(kind, len(records), records, skew, methods_for_kind(kind), favoured(kind, mean))
