@@ -31,8 +31,7 @@ def row(run: Path, margins: list[float]) -> str:
 
     return (
         f"| {run.name} | {ch(start)} | {ch(final)} | {ratio} | {nmi('start')} | {nmi('final')} | "
-        f"{select.get('kept', '—')} |"
-        + "".join(f" {_kept_at(start, final, margin)} |" for margin in margins)
+        f"{select.get('kept', '—')} |" + "".join(f" {_kept_at(start, final, margin)} |" for margin in margins)
     )
 
 
