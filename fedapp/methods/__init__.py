@@ -35,7 +35,9 @@ FSTC_WHEN = (
     "and 19-28 at alpha 0.3-0.1 (StackOverflow, 20 topics), 3.5 at alpha 0.1 on AgNews, 11 with one family "
     "per site (20 Newsgroups), and neither fstc.marginal=adaptive nor fstc-stc closes that: use fsbert-kfed "
     "there; a run warns when it sees that shape (summary.json "
-    "fstc.site_skew > 0.15)."
+    "fstc.site_skew > 0.15). With select = best (the default) a run whose training collapsed keeps its "
+    "start, FSBERT k-FED's clustering: within 1 NMI of fsbert-kfed on 4 of those 5 settings "
+    "(docs/model-selection.md)."
 )
 CEFMC_WHEN = (
     "Views wider than k, or k above a view's width on real multi-view sets (HW, BDGP, DryBean: level with "
