@@ -142,7 +142,9 @@ def test_a_deployment_with_two_supernodes_claiming_partition_1_ends_naming_the_d
         return own_config(1 if index == 2 else index, num_clients, out_dir, node_data)  # nodes 1, 2: id 1
 
     monkeypatch.setattr(run_local, "node_config", duplicated)
-    settings = {"method": "kfed", "dataset": "digits", "num-clients": 3, "num-rounds": 2, "round-timeout": 15}
+    # the refused duplicate and the silent partition end the run without waiting for the timeout; a
+    # loaded machine starts a ClientApp process slower than 15 s (then the run would only be degraded)
+    settings = {"method": "kfed", "dataset": "digits", "num-clients": 3, "num-rounds": 2, "round-timeout": 45}
     overrides = build_overrides(settings, tmp_path / "out")
     run_local.deploy(overrides, 3, tmp_path / "work")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -260,7 +260,9 @@ def run_one(out_dir: Path, keys: dict[str, Any], *, secagg: bool) -> dict[str, A
 
 
 def run_pair(tmp_path: Path, keys: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The same run with plain replies and under SecAgg+."""
+    """The same run with plain replies and under SecAgg+, both keeping their last model: `select = best`
+    scores the start only in a plain run (docs/model-selection.md), so it could keep another model."""
+    keys = {"select": "final", **keys}
     return run_one(tmp_path / "plain", keys, secagg=False), run_one(tmp_path / "secure", keys, secagg=True)
 
 

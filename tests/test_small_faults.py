@@ -102,4 +102,4 @@ def test_a_bad_flag_after_a_command_prints_that_commands_usage(capsys: pytest.Ca
     assert " predict [-h]" in err and err.strip().endswith("unrecognized argument: --verbose")
     with pytest.raises(SystemExit):
         main(["--verbose", "run", "--method", "kfed", "--out", "x"])
-    assert "{run,experiment," in capsys.readouterr().err  # a flag before the command: the top level's
+    assert "{run,tune,experiment," in capsys.readouterr().err  # a flag before the command: the top level's
