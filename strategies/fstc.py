@@ -368,8 +368,7 @@ class FSTCStrategy(ClusteringStrategy):
         }
 
     def start_candidate(self) -> StartCandidate | None:
-        """The initial global centres with the initial model: each record to its nearest centre in the
-        initial representation space, which is FSBERT k-FED's clustering of this federation."""
+        """C̃ as training started with the initial model, records to the nearest centre: FSBERT k-FED's."""
         if self.start_centres is None or self.initial_model is None or self.centre_labels:
             return None
         arrays = [self.start_centres, *self.initial_model]

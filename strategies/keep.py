@@ -69,7 +69,6 @@ class ModelChoice:
         self.host = host
         self.summary: dict[str, Any] = {}
         self.start: StartCandidate | None = None  # set when the start was kept
-        self._candidate: StartCandidate | None = None  # the start that was sent to be scored
 
     def skip_reason(self) -> str | None:
         """Why no choice is made this run (None: it is made)."""
@@ -97,7 +96,6 @@ class ModelChoice:
         ins = EvaluateIns(ndarrays_to_parameters(arrays), config)
         instructions = [(client, ins) for client in host.roster.usable(client_manager, host.record)]
         host.record.sent(host.rounds_run + 1, "report", instructions)
-        self._candidate = start
         return instructions
 
     def aggregate(self, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures) -> None:
@@ -107,14 +105,19 @@ class ModelChoice:
         for failure in failures:
             log(WARNING, "model choice: client failure: %s", describe_failure(failure))
         parts, tables = [], {name: [] for name in CANDIDATES}
+        keys = dict(zip(CANDIDATES, (START_TABLE_KEY, FINAL_TABLE_KEY), strict=True))
         for client, res in results:
-            try:
-                parts.append(decode_candidate_sums(res.metrics.get(CANDIDATE_SUMS_KEY)))
-                for name, key in zip(CANDIDATES, (START_TABLE_KEY, FINAL_TABLE_KEY), strict=True):
-                    if key in res.metrics:
-                        tables[name].append(decode_counts(res.metrics[key]))
+            try:  # a reply counts whole or not at all
+                sums = decode_candidate_sums(res.metrics.get(CANDIDATE_SUMS_KEY))
+                own = {
+                    name: decode_counts(res.metrics[key]) for name, key in keys.items() if key in res.metrics
+                }
             except ReplyError as exc:
                 log(WARNING, "model choice: rejected the reply of client %s: %s", client.cid, exc)
+                continue
+            parts.append(sums)
+            for name, table in own.items():
+                tables[name].append(table)
         if not parts:
             self.summary = {"kept": "final", "why": "no client scored the candidates"}
             return
@@ -124,8 +127,9 @@ class ModelChoice:
             self.summary = {"kept": "final", "why": f"candidate statistics do not merge: {exc}"}
             return
         self.summary = self._describe(choice, tables, len(parts))
-        if choice.degraded and self._candidate is not None:
-            self.start = self._candidate
+        start = host.start_candidate()  # the start configure sent: nothing moved it since
+        if choice.degraded and start is not None:
+            self.start = start
             start_metrics = self.summary.get("labelled", {}).get("start")
             if start_metrics:  # the run's metrics are the kept model's
                 host.final_metrics = {**(host.final_metrics or {}), **start_metrics}
@@ -135,8 +139,8 @@ class ModelChoice:
                 f"{_fmt(scores['final'])} against {_fmt(scores['start'])} at the start): kept the starting "
                 "clustering"
                 + (
-                    f" (`--method {self.start.method}` is the one-shot method it amounts to)"
-                    if self.start.method
+                    f" (`--method {start.method}` is the one-shot method it amounts to)"
+                    if start.method
                     else ""
                 )
             )
