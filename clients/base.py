@@ -15,13 +15,14 @@ from flwr.app import Array, ArrayRecord
 from flwr.client import NumPyClient
 from flwr.common import Context, NDArrays, Scalar
 
-from clients.keep import score_candidates
+from clients.keep import score_candidates, secure_score_candidates
 from clients.report import ClientReport
+from clients.select_k import secure_selection_reply, selection_reply
+from fedapp.app.k_selection import SELECT_KEY
 from fedapp.config.run import RunConfig
 from fedapp.datasets.local import LocalData, client_seed, local_partition, local_view, own_file, owns_file
 from fedapp.features.embeddings import EmbeddingCache
 from fedapp.features.texts import embedding_cache
-from fedapp.methods import method_spec
 from fedapp.metrics.contingency import contingency_table, encode_table
 from fedapp.privacy.alignment import ALIGN_KEY, ALIGNED_KEY, ALIGNMENT_STATE, aligned_rows, hash_ids, run_key
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER
@@ -63,11 +64,7 @@ class ClusteringClient(NumPyClient):
         self.cfg = cfg
         self.partition_id, self.num_partitions = node_identity(context, cfg)
         self.data: LocalData = self.load_data()
-        if not cfg.k and not self.data.labelled and not method_spec(cfg.method).own_k:
-            raise ClientConfigError(
-                f"client {self.partition_id}: its data has no labels, so k cannot default to the number of "
-                "classes: set k"
-            )
+        # 0 only while k is being chosen (k = 0, no labels): `ManagedClient` refuses any other message
         self.k = cfg.k or self.data.n_classes
         self.seed = client_seed(cfg.seed, self.partition_id)
         # fedapp.privacy.floor: the ClientApp folded the node's floor into cfg; the client's own holds anyway
@@ -91,6 +88,18 @@ class ClusteringClient(NumPyClient):
     def identity_metrics(self) -> dict[str, Scalar]:
         return {"partition-id": self.partition_id, "k": self.k}
 
+    def secure_selection(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """Choosing k's round B as a SecAgg+ fit message (`clients.select_k`)."""
+        return secure_selection_reply(self, parameters, config)
+
+    def secure_choice(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        """`select = best`'s scoring as a SecAgg+ fit message (`clients.keep`)."""
+        return secure_score_candidates(self, parameters, config)
+
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         """Who this client is: the server asks clients it has not heard from (e.g. after a resume)."""
         return self.identity_metrics()
@@ -113,6 +122,8 @@ class ClusteringClient(NumPyClient):
             return self.final_report.evaluate(parameters, config)
         if KEEP_KEY in config:  # `select = best`: score the starting and the final clustering
             return score_candidates(self, parameters, config)
+        if SELECT_KEY in config:  # k = 0 without labels: choosing k before the first round
+            return selection_reply(self, parameters, config)
         return (
             0.0,
             self.data.n_samples,

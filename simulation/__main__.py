@@ -292,9 +292,7 @@ def _command(args: argparse.Namespace) -> int:
         resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
         run = _resolved_run(args)  # the run's configuration, resolved once
         if args.dry_run:
-            cfg = validate(
-                run, args.engine, resources, dry_run=True, overwrite=args.overwrite, chooses_k=True
-            )
+            cfg = validate(run, args.engine, resources, dry_run=True, overwrite=args.overwrite)
             print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
             return 0
         summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)

@@ -190,7 +190,6 @@ def check_experiment(
                     ClientResources(),
                     dry_run=True,
                     overwrite=clear,
-                    chooses_k=True,
                 )
             except ValueError as exc:
                 raise ExperimentError(f"run '{spec.label}' seed {seed}: {exc}") from None

@@ -23,7 +23,7 @@ import tomli_w
 
 from fedapp.config.run import PROJECT_ROOT
 from fedapp.launch.options import ClientResources
-from fedapp.launch.outputs import check_outputs, clear_outputs
+from fedapp.launch.outputs import clear_outputs
 from fedapp.launch.phase import PHASE_FILE, RunPhase
 from fedapp.launch.processes import (
     RUN_TOKEN_ENV,
@@ -69,11 +69,7 @@ def execute(
     """
     import json
 
-    from simulation.tune import record_selection, with_chosen_k  # lazily: data and scikit-learn
-
     resources = resources or ClientResources()
-    check_outputs(run.config, overwrite=overwrite)  # before a k selection: a taken folder fails fast
-    run, tuned = with_chosen_k(run, quiet=quiet)  # k = 0 without labels: choose k first (simulation/tune.py)
     cfg = validate(run, engine, resources, overwrite=overwrite)
     if overwrite:
         clear_outputs(cfg)
@@ -98,7 +94,7 @@ def execute(
             f"the run broke off after round {summary.get('rounds')} of {cfg.num_rounds} without finishing; "
             f"see {log_path}\n{_log_tail(log_path)}"
         )
-    return record_selection(out_dir, summary, tuned) if tuned else summary
+    return summary
 
 
 def _run_federated(

@@ -39,6 +39,7 @@ from fedapp.report.records import PROGRESS_MARKER, default_out_dir
 from fedapp.wire import ReplyError
 from strategies.failures import partition_file
 from strategies.hooks import StrategyHooks
+from strategies.k_choice import KChoice
 from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord, run_status
 from strategies.replies import (
@@ -58,7 +59,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
 
     refuse_duplicate_partitions = True  # a second client claiming a held partition-id is refused
     # a checkpoint keeps these parts' `state_dict`s and the `state_fields` (a subclass names only its own)
-    state_parts = ("record", "roster", "privacy", "final_report")
+    state_parts = ("record", "roster", "privacy", "final_report", "k_choice")
     state_fields: tuple[str, ...] = (
         "k",
         "finished",
@@ -98,6 +99,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         self.warnings: list[str] = []  # what degraded without failing (summary.json `warnings`)
         self.privacy = PrivacyLayer(cfg)  # SecAgg+ and DP around the method (`strategies.privacy`)
         self.final_report = FinalReport(self)
+        self.k_choice = KChoice(self)  # k = 0 on own files: choose k before round 1 (`strategies.k_choice`)
 
     # ------------------------------------------------------------------------------ Strategy API
     # Flower calls these; each of the four round steps is timed (summary.json `timing`).
@@ -125,7 +127,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             if instructions:
                 self.record.start_round(server_round)
             self.record.sent(server_round, "fit", instructions)
-            return instructions
+            return self.k_choice.stamp(instructions)
 
     def aggregate_fit(
         self,
@@ -189,7 +191,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             clients = self.roster.usable(client_manager, self.record)
             instructions = self.evaluation_instructions(server_round, parameters, clients)
             self.record.sent(server_round, "evaluate", instructions)
-            return instructions
+            return self.k_choice.stamp(instructions)
 
     def aggregate_evaluate(
         self,
@@ -267,7 +269,8 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         for name in _state_fields(type(self)):
             setattr(self, name, state[name])
         for part in self.state_parts:
-            getattr(self, part).load_state_dict(state[part])
+            if part in state:  # a checkpoint from before a part existed restores without it
+                getattr(self, part).load_state_dict(state[part])
 
     def round_done(self, server_round: int) -> None:
         """End of a round (fit and evaluation): summary.json says how far the run got (an entry point that
@@ -345,6 +348,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             "config": self.effective_config(),
             **self.record.summary(),
             "report": self.final_report.summary,
+            **({"k_selection": self.k_choice.summary} if self.k_choice.summary else {}),
             "warnings": self.warnings,
             **self.privacy.summary(),
             **self.extra_summary(),

@@ -21,19 +21,21 @@ from fedapp.maths.fstc import initial_centres
 from fedapp.methods.fsccl import FSCCLConfig
 from fedapp.models.fsccl import SCCLModel
 from fedapp.neural.glue import StateSchema, state_arrays, state_schema, weighted_average
+from fedapp.report.keep import StartCandidate
 from fedapp.wire import ArraySpec, ReplyError
 from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 
 
 class FSCCLStrategy(ClusteringStrategy):
     method = "fsccl"
-    state_fields = ("schema", "global_model", "train_metrics")
+    state_fields = ("schema", "global_model", "start_model", "train_metrics")
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         self.params = cfg.params(FSCCLConfig)
         self.schema: StateSchema | None = None
         self.global_model: list[np.ndarray] | None = None
+        self.start_model: list[np.ndarray] | None = None  # round 1's model: `select = best`'s start
         self.train_metrics: list[dict[str, float]] = []
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
@@ -74,6 +76,7 @@ class FSCCLStrategy(ClusteringStrategy):
                 model.centres.copy_(torch.as_tensor(centres))
             self.schema = state_schema(model)
             self.global_model = state_arrays(model)
+            self.start_model = [array.copy() for array in self.global_model]
             log(INFO, "FSCCL: initial model with %d k-means centres from %d clients", self.k, len(replies))
         else:
             self.global_model = weighted_average(
@@ -86,6 +89,13 @@ class FSCCLStrategy(ClusteringStrategy):
                 }
             )
         return ndarrays_to_parameters(self.global_model)
+
+    def start_candidate(self) -> StartCandidate | None:
+        """The initial model (round 1's merged local k-means centres as DEC's centres, the seeded adapter),
+        labelling by DEC's soft assignment as the final model does."""
+        if self.start_model is None:
+            return None
+        return StartCandidate(self.start_model, {}, "")
 
     def extra_summary(self) -> dict[str, Any]:
         return {"fsccl": {"train_per_round": self.train_metrics}}

@@ -11,6 +11,8 @@ import numpy as np
 from flwr.common import (
     EvaluateIns,
     EvaluateRes,
+    FitIns,
+    FitRes,
     Parameters,
     log,
     ndarrays_to_parameters,
@@ -21,6 +23,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config.run import RunConfig
 from fedapp.metrics.contingency import clustering_metrics
+from fedapp.privacy.secagg import CLIPPED_KEY
 from fedapp.report.keep import (
     CANDIDATE_SUMS_KEY,
     CANDIDATES,
@@ -28,16 +31,21 @@ from fedapp.report.keep import (
     KEEP_KEY,
     START_ARRAYS_KEY,
     START_TABLE_KEY,
+    CandidateSums,
     Choice,
     StartCandidate,
+    candidate_sums_from_totals,
     choose,
     decode_candidate_sums,
     merge_candidate_sums,
 )
+from fedapp.report.stages import SCALE_KEY, SECURE_DONE, SECURE_RETRY, SECURE_STOP
 from fedapp.wire import ReplyError, decode_counts
+from strategies.k_choice import KChoice
 from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord
 from strategies.replies import describe_failure
+from strategies.report_intake import secure_totals
 from strategies.roster import ClientRoster
 
 Failures = list[tuple[ClientProxy, EvaluateRes] | BaseException]
@@ -53,6 +61,7 @@ class ChoiceHost(Protocol):
     roster: ClientRoster
     record: RunRecord
     privacy: PrivacyLayer
+    k_choice: KChoice
     final_metrics: dict[str, float] | None
 
     def report_parameters(self) -> Parameters | None: ...
@@ -75,8 +84,8 @@ class ModelChoice:
         host = self.host
         if host.cfg.select != "best":
             return "select = final"
-        if host.privacy.private or host.privacy.secure:  # its statistics are neither noised nor masked
-            return "not under differential privacy or SecAgg+ (the final model is kept)"
+        if host.privacy.private:  # its statistics are not noised
+            return "not under differential privacy (the final model is kept)"
         return None
 
     def configure(self, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
@@ -96,7 +105,7 @@ class ModelChoice:
         ins = EvaluateIns(ndarrays_to_parameters(arrays), config)
         instructions = [(client, ins) for client in host.roster.usable(client_manager, host.record)]
         host.record.sent(host.rounds_run + 1, "report", instructions)
-        return instructions
+        return host.k_choice.stamp(instructions)
 
     def aggregate(self, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures) -> None:
         """Merge the candidates' statistics, choose, and make the kept model the report's."""
@@ -105,13 +114,10 @@ class ModelChoice:
         for failure in failures:
             log(WARNING, "model choice: client failure: %s", describe_failure(failure))
         parts, tables = [], {name: [] for name in CANDIDATES}
-        keys = dict(zip(CANDIDATES, (START_TABLE_KEY, FINAL_TABLE_KEY), strict=True))
         for client, res in results:
             try:  # a reply counts whole or not at all
                 sums = decode_candidate_sums(res.metrics.get(CANDIDATE_SUMS_KEY))
-                own = {
-                    name: decode_counts(res.metrics[key]) for name, key in keys.items() if key in res.metrics
-                }
+                own = _tables(res.metrics)
             except ReplyError as exc:
                 log(WARNING, "model choice: rejected the reply of client %s: %s", client.cid, exc)
                 continue
@@ -122,11 +128,66 @@ class ModelChoice:
             self.summary = {"kept": "final", "why": "no client scored the candidates"}
             return
         try:
-            choice = choose(merge_candidate_sums(parts), host.cfg.select)
+            merged = merge_candidate_sums(parts)
         except ReplyError as exc:
             self.summary = {"kept": "final", "why": f"candidate statistics do not merge: {exc}"}
             return
-        self.summary = self._describe(choice, tables, len(parts))
+        self._take(merged, tables, len(parts))
+
+    def configure_secure(
+        self, client_manager: ClientManager, scale: float
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """The scoring message as SecAgg+ fit messages, the sums multiplied by `scale` (public)."""
+        return [
+            (client, FitIns(ins.parameters, {**ins.config, SCALE_KEY: scale}))
+            for client, ins in self.configure(client_manager)
+        ]
+
+    def aggregate_secure(
+        self, results: list[tuple[ClientProxy, FitRes]], failures: Failures, scale: float, last_try: bool
+    ) -> str:
+        """SecAgg+'s totals of the candidates' sums: SECURE_DONE, SECURE_RETRY (it would clip: again with a
+        smaller scale) or SECURE_STOP (the final model is kept)."""
+        host = self.host
+        host.record.received(host.rounds_run + 1, "report", results)
+        for failure in failures:
+            log(WARNING, "model choice (SecAgg+): client failure: %s", describe_failure(failure))
+        if not results:
+            self.summary = {"kept": "final", "why": "no client scored the candidates"}
+            return SECURE_STOP
+        clipped = sum(int(res.metrics.get(CLIPPED_KEY, 0)) for _, res in results)  # type: ignore[call-overload]
+        if clipped and not last_try:
+            log(INFO, "model choice: SecAgg+ would clip %d values at scale %g; again", clipped, scale)
+            return SECURE_RETRY
+        try:
+            if clipped:
+                raise ReplyError(f"SecAgg+ clipped {clipped} values even at scale {scale:g}")
+            merged = candidate_sums_from_totals(secure_totals(results), scale)
+            tables = {name: [] for name in CANDIDATES}
+            for _, res in results:
+                for name, table in _tables(res.metrics).items():
+                    tables[name].append(table)
+        except ReplyError as exc:
+            self.summary = {"kept": "final", "why": f"candidate statistics under SecAgg+: {exc}"}
+            return SECURE_STOP
+        self._take(merged, tables, len(results))
+        self.summary["secagg"] = {"scale": scale}
+        return SECURE_DONE
+
+    def abandon(self, why: str) -> None:
+        """No choice could be made (e.g. SecAgg+ aggregated nothing): the final model is kept."""
+        if not self.summary:
+            self.summary = {"kept": "final", "why": why}
+
+    def _take(self, merged: CandidateSums, tables: dict[str, list[np.ndarray]], clients: int) -> None:
+        """Choose between the merged candidates and make the kept model the report's."""
+        host = self.host
+        try:
+            choice = choose(merged, host.cfg.select)
+        except ReplyError as exc:
+            self.summary = {"kept": "final", "why": f"candidate statistics do not merge: {exc}"}
+            return
+        self.summary = self._describe(choice, tables, clients)
         start = host.start_candidate()  # the start configure sent: nothing moved it since
         if choice.degraded and start is not None:
             self.start = start
@@ -190,3 +251,9 @@ class ModelChoice:
 
 def _fmt(value: float | None) -> str:
     return "none" if value is None else f"{value:.4g}"
+
+
+def _tables(metrics: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A labelled client's two contingency tables (start, final); {} from an unlabelled one."""
+    keys = dict(zip(CANDIDATES, (START_TABLE_KEY, FINAL_TABLE_KEY), strict=True))
+    return {name: decode_counts(metrics[key]) for name, key in keys.items() if key in metrics}

@@ -63,6 +63,7 @@ from fedapp.report.stages import (
     STAGE_ASSIGN,
     STAGE_DISTANCES,
 )
+from strategies.k_choice import KChoice
 from strategies.keep import ModelChoice
 from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord
@@ -96,6 +97,7 @@ class ReportHost(Protocol):
     roster: ClientRoster  # who is asked
     final_metrics: dict[str, float] | None  # the label-free metrics join them
     privacy: PrivacyLayer  # the report's DP releases and SecAgg+ clipping count with the training's
+    k_choice: KChoice  # its messages carry the chosen k when the run chose one
 
     def report_parameters(self) -> Parameters | None: ...
 
@@ -160,7 +162,7 @@ class FinalReport:
         else:
             raise ValueError(f"unknown report stage {stage!r}")
         self.host.record.sent(self.server_round, "report", instructions)
-        return instructions
+        return self.host.k_choice.stamp(instructions)
 
     def _distance_instructions(self, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         """The pooled means and counts (each party its view's columns) to every client that sent sums."""

@@ -50,6 +50,8 @@ def test_fsccl_federation_on_demo_texts(tmp_path: Path) -> None:
     summary = execute(build_overrides(overrides, tmp_path / "fsccl"), engine="inprocess", quiet=True)
     assert summary["metrics"]["acc"] >= 0.9
     assert [row["round"] for row in summary["fsccl"]["train_per_round"]] == [2, 3]
+    select = summary["report"]["select"]  # `select = best` scored round 1's model against the last
+    assert select["kept"] in ("start", "final") and set(select["scores"]) == {"start", "final"}
 
 
 @pytest.mark.usefixtures("text_embedding_cache")

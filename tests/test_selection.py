@@ -129,7 +129,7 @@ def test_run_with_k_0_on_unlabelled_sites_chooses_k_first(tmp_path: Path) -> Non
     assert (tmp_path / "run" / "tune.png").exists()
 
 
-def test_a_dry_run_checks_k_0_with_k_min_and_a_deployment_must_be_given_k(tmp_path: Path) -> None:
+def test_a_dry_run_checks_k_0_with_k_min_and_a_deployment_chooses_k_too(tmp_path: Path) -> None:
     from fedapp.app.preflight import check_run
 
     _vector_sites(tmp_path)
@@ -141,21 +141,21 @@ def test_a_dry_run_checks_k_0_with_k_min_and_a_deployment_must_be_given_k(tmp_pa
     cfg = parse_run_config(
         {"method": "kfed", "dataset": spec, "id-column": "id", "out-dir": str(tmp_path / "c")}
     )
-    with pytest.raises(ConfigError, match=r"have no labels, so k cannot default to the classes: set k"):
-        check_run(cfg, 3)  # a deployment does not choose k
+    check_run(cfg, 3)  # a deployment chooses k too (`strategies.k_choice`)
+    registered = parse_run_config({"method": "kfed", "dataset": "digits", "out-dir": str(tmp_path / "d")})
+    check_run(registered, 3)  # labelled: k is the classes
 
 
-def test_vertical_methods_secagg_and_dp_refuse_k_0_without_labels() -> None:
+def test_dp_and_own_k_methods_refuse_k_0_without_labels_secagg_and_vertical_do_not() -> None:
     from fedapp.app.k_selection import selection_space
-    from simulation.tune import tune
 
     def cfg(method: str, **keys: object) -> RunConfig:
         return parse_run_config({"method": method, **keys}, cross_checks=False)
 
-    with pytest.raises(ConfigError, match="vertical method 'cefmc' cannot choose k yet"):
-        selection_space(cfg("cefmc"))
-    with pytest.raises(ConfigError, match="secagg=true"):
-        tune(cfg("ffcm", secagg=True), rows=[np.zeros((10, 2))])
+    assert selection_space(cfg("cefmc")) == "features"  # each party on its own view
+    with pytest.raises(ConfigError, match="method 'gfedntm' has no federated k selection"):
+        selection_space(cfg("gfedntm"))
+    assert selection_space(cfg("ffcm", secagg=True)) == "features"
     with pytest.raises(ConfigError, match="dp.epsilon=2"):
         selection_space(cfg("kfed", **{"dp.epsilon": 2.0}))
     assert selection_space(cfg("fsbert-kfed")) == "embeddings" and selection_space(cfg("ccfc")) == "features"

@@ -5,7 +5,11 @@ fit or evaluate call) to the reply's metrics, so the server can split a round in
 clients' compute and the rest (transport, scheduling); and, with `checkpoint-every` / `resume`, it saves
 `context.state` after each fit and reloads it once after a resume (see fedapp/app/checkpoint.py). A fit
 message that carries the final report's stage (`fedapp.report.stages`, sent so under SecAgg+) goes to the
-client's report (`final_report.secure`, clients/report.py), not to the method's training step.
+client's report (`final_report.secure`, clients/report.py), not to the method's training step; one that
+carries k selection's round B under SecAgg+ (`fedapp.app.k_selection`) to `secure_selection`.
+
+A run with k = 0 on unlabelled files chooses k in its first two messages; every later message carries the
+chosen k (`CHOSEN_K_KEY`), so the method's client is built for the message it answers, with that k.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from flwr.client import NumPyClient
 from flwr.common import ConfigRecord, Context, NDArrays, RecordDict, Scalar
 
 from fedapp.app.checkpoint import RESUME_KEY, load_client_state, save_client_state
+from fedapp.app.k_selection import CHOSEN_K_KEY, SELECT_KEY
 from fedapp.config.run import RunConfig
 from fedapp.datasets import DatasetError
 from fedapp.datasets.sources import source_path
+from fedapp.report.keep import KEEP_KEY
 from fedapp.report.stages import REPORT_KEY
 
 SECONDS_KEY = "client-seconds"  # metrics key: this client's compute time for the message
@@ -52,16 +58,44 @@ class ManagedClient(NumPyClient):
     ) -> None:
         self.build, self.context, self.cfg, self.checkpoints = build, context, cfg, checkpoints
         self.partition_id = int(context.node_config.get("partition-id", -1))
-        with self._named():
-            self.inner = build(context, cfg)
+        self._inner: NumPyClient | None = None
+
+    def client(self, config: dict[str, Scalar]) -> NumPyClient:
+        """The method's client for this message: with the run's k, or the one chosen for it."""
+        if self._inner is None:
+            cfg = self.cfg
+            chosen = config.get(CHOSEN_K_KEY)
+            if not cfg.k and isinstance(chosen, int) and chosen > 0:
+                cfg = self.cfg = cfg.with_keys({"k": chosen})
+            with self._named():
+                self._inner = self.build(self.context, cfg)
+                if not getattr(self._inner, "k", 1) and SELECT_KEY not in config:
+                    raise ValueError(
+                        "its data has no labels and the server sent no chosen k, so k cannot default to the "
+                        "number of classes: set k"
+                    )
+        return self._inner
+
+    @property
+    def inner(self) -> NumPyClient:
+        """The method's client as last built (`client`)."""
+        if self._inner is None:
+            raise RuntimeError("the method's client is built with the first message")
+        return self._inner
 
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        return self.inner.get_properties(config)
+        return self.client(config).get_properties(config)
 
     def fit(self, parameters: NDArrays, config: dict[str, Scalar]) -> tuple[NDArrays, int, dict[str, Scalar]]:
         started = time.perf_counter()
+        inner = self.client(config)
+        secure = "secure_selection" if SELECT_KEY in config else "secure_choice" if KEEP_KEY in config else ""
+        if secure:  # k selection's round B, `select = best`'s scoring, through SecAgg+: no training either
+            with self._named():
+                arrays, n, metrics = getattr(inner, secure)(parameters, config)
+            return arrays, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
         if REPORT_KEY in config:  # the final report through SecAgg+: no training, nothing to checkpoint
-            report = self.inner.final_report  # type: ignore[attr-defined]  # every client composes one
+            report = inner.final_report  # type: ignore[attr-defined]  # every client composes one
             arrays, n, metrics = report.secure(parameters, config)
             return arrays, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
         with self._named():
@@ -77,8 +111,9 @@ class ManagedClient(NumPyClient):
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
         started = time.perf_counter()
+        inner = self.client(config)
         with self._named():
-            loss, n, metrics = self.inner.evaluate(parameters, config)
+            loss, n, metrics = inner.evaluate(parameters, config)
         return loss, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
 
     @contextmanager
@@ -103,4 +138,4 @@ class ManagedClient(NumPyClient):
         for key in list(saved or {}):
             self.context.state[key] = saved[key]  # type: ignore[index]
         self.context.state[_RESTORED] = ConfigRecord({"round": resume_round})
-        self.inner = self.build(self.context, self.cfg)  # a client may read its state when built
+        self._inner = self.build(self.context, self.cfg)  # a client may read its state when built

@@ -44,12 +44,12 @@ class Site:
         return f"client {self.partition_id}: {self.source} holds {self.records} records"
 
 
-def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True, chooses_k: bool = False) -> None:
+def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
     """Raise ConfigError / DatasetError / PartitionError for a run that cannot work as configured.
 
-    `create=False` (a dry run) checks that the output directory could be made without making it.
-    `chooses_k`: the caller chooses k = 0 on unlabelled data first (`fedapp run`, not a deployment), so
-    such a run is checked with its smallest candidate, k-min."""
+    `create=False` (a dry run) checks that the output directory could be made without making it. k = 0 on
+    unlabelled own files is chosen before round 1 (`strategies.k_choice`), so such a run is checked with its
+    smallest candidate, k-min."""
     if num_clients < 1:
         raise ConfigError(
             f"the simulation needs at least 1 client, got {num_clients} (num-clients = 0, 'every connected "
@@ -67,14 +67,10 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True, chooses_
             "(the first run needs checkpoint-every > 0)"
         )
     if cfg.own_data and has_placeholder(cfg.dataset):
-        check_own_files(cfg, num_clients, chooses_k)
+        check_own_files(cfg, num_clients)
         return
     data = load_run_dataset(cfg)  # reads and parses every file: a corrupt one fails here
-    k = (
-        cfg.k
-        or _unlabelled_k(cfg, data.labelled, f"dataset '{cfg.dataset}' has", chooses_k)
-        or data.n_classes
-    )
+    k = cfg.k or _unlabelled_k(cfg, data.labelled, f"dataset '{cfg.dataset}' has") or data.n_classes
     if method_spec(cfg.method).vertical:
         n_views = len(views_of(data))
         if num_clients != n_views:
@@ -103,7 +99,7 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True, chooses_
     check_floor(cfg, [Site(i, source, size) for i, size in enumerate(sizes)], k)
 
 
-def check_own_files(cfg: RunConfig, num_clients: int, chooses_k: bool = False) -> None:
+def check_own_files(cfg: RunConfig, num_clients: int) -> None:
     """One file per client (`{partition-id}`): each reads, fits the method, holds k records, and every
     client's vectors have the same width. Errors name the client (and, from the reader, file/row/column)."""
     files: list[Dataset] = []
@@ -115,7 +111,7 @@ def check_own_files(cfg: RunConfig, num_clients: int, chooses_k: bool = False) -
     vertical = method_spec(cfg.method).vertical
     labelled = [data.labelled for data in files]
     unlabelled = [i for i, has in enumerate(labelled) if not has]
-    k = cfg.k or _unlabelled_k(cfg, not unlabelled, f"client(s) {unlabelled} have", chooses_k)
+    k = cfg.k or _unlabelled_k(cfg, not unlabelled, f"client(s) {unlabelled} have")
     k = k or max(data.n_classes for data in files)
     for partition_id, data in enumerate(files):
         if data.n_samples < k:
@@ -146,13 +142,14 @@ def check_own_files(cfg: RunConfig, num_clients: int, chooses_k: bool = False) -
         )
 
 
-def _unlabelled_k(cfg: RunConfig, labelled: bool, who: str, chooses_k: bool) -> int:
-    """k = 0: 0 where the classes give k; k-min where the caller chooses k first; else a ConfigError."""
+def _unlabelled_k(cfg: RunConfig, labelled: bool, who: str) -> int:
+    """k = 0: 0 where the classes give k; k-min where the run chooses k first (own files); else a
+    ConfigError."""
     if labelled or method_spec(cfg.method).own_k:
         return 0
-    if not chooses_k:
+    if not cfg.own_data:  # registered sets: only their classes give k
         raise ConfigError(f"{who} no labels, so k cannot default to the classes: set k (or see fedapp tune)")
-    selection_space(cfg)  # vertical methods and secagg cannot choose k
+    selection_space(cfg)  # vertical methods and DP cannot choose k
     return cfg.k_min
 
 

@@ -14,7 +14,7 @@ import re
 import time
 import timeit
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from logging import INFO
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -48,10 +48,12 @@ from flwr.server.workflow.default_workflows import default_init_params_workflow
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from fedapp.app.k_selection import PHASE_CENTRES, PHASE_STATISTICS, PHASES
 from fedapp.config.run import RunConfig
 from fedapp.report.stages import SECURE_DONE, SECURE_RETRY, STAGES
 
 REPORT_GROUP = 0  # message group id of the final report (Flower's rounds start at 1)
+SELECT_GROUP = -1  # message group id of choosing k (before round 1)
 
 
 class ReportStages(Protocol):
@@ -101,12 +103,54 @@ class ChoiceStage(Protocol):
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> None: ...
 
+    def configure_secure(
+        self, client_manager: ClientManager, scale: float
+    ) -> list[tuple[ClientProxy, FitIns]]: ...
+
+    def aggregate_secure(
+        self,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+        scale: float,
+        last_try: bool,
+    ) -> str: ...
+
+    def abandon(self, why: str) -> None: ...
+
+
+class KChoiceStages(Protocol):
+    """Choosing k before round 1 (`strategies.k_choice.KChoice`): two rounds, the second maybe secure."""
+
+    def configure(
+        self, phase: str, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]: ...
+
+    def aggregate(
+        self,
+        phase: str,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> bool: ...
+
+    def configure_secure(
+        self, client_manager: ClientManager, scale: float
+    ) -> list[tuple[ClientProxy, FitIns]]: ...
+
+    def aggregate_secure(
+        self,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+        scale: float,
+        last_try: bool,
+    ) -> str: ...
+
 
 @runtime_checkable
 class FinalizingStrategy(Protocol):
     """What the loop needs from a strategy beyond Flower's `Strategy` interface."""
 
     final_report: ReportStages
+    k_choice: KChoiceStages
 
     @property
     def done(self) -> bool:
@@ -156,6 +200,8 @@ class FedappServer(Server):
         start = timeit.default_timer()
         try:
             done, parameters = strategy.resume_point()
+            if not done:
+                run_selection(strategy.k_choice, self._client_manager, timeout, self.max_workers)
             if parameters is None:
                 parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
             self.parameters = parameters
@@ -180,6 +226,19 @@ class FedappServer(Server):
             raise
         strategy.finalize()
         return history, timeit.default_timer() - start
+
+
+def run_selection(
+    choice: KChoiceStages, client_manager: ClientManager, timeout: float | None, max_workers: int | None
+) -> None:
+    """Choose k before round 1 when the run's k is open (`strategies.k_choice`): its two rounds."""
+    for phase in PHASES:
+        instructions = choice.configure(phase, client_manager)
+        if not instructions:
+            return
+        results, failures = collect(instructions, SELECT_GROUP, timeout, max_workers)
+        if not choice.aggregate(phase, results, failures):
+            return
 
 
 def run_report(
@@ -256,6 +315,8 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
             )
         round_config = ConfigRecord({Key.START_TIME: timeit.default_timer()})
         legacy.state.config_records[MAIN_CONFIGS_RECORD] = round_config
+        if not done:
+            run_secure_selection(grid, legacy, strategy.k_choice, cfg, config.round_timeout)
         for server_round in range(done + 1, config.num_rounds + 1):
             round_config[Key.CURRENT_ROUND] = server_round
             if getattr(strategy, "secure_round", lambda _: True)(server_round):
@@ -285,19 +346,22 @@ SECURE_REPORT_TRIES = 4  # SecAgg+ attempts per report stage; each after clippin
 SECURE_REPORT_SHRINK = 16.0
 
 
-class SecureReportStage:
-    """One report stage in the shape SecAggPlusWorkflow drives (`configure_fit` / `aggregate_fit`), so
-    Flower's SecAgg+ aggregates the report's statistics as it does a training round
-    (`fedapp.report.stages`)."""
+class SecureStage:
+    """One secure exchange in the shape SecAggPlusWorkflow drives (`configure_fit` / `aggregate_fit`), so
+    Flower's SecAgg+ aggregates a report stage's or k selection's statistics as it does a training round."""
 
-    def __init__(self, report: ReportStages, stage: str, scale: float, last_try: bool) -> None:
-        self.report, self.stage, self.scale, self.last_try = report, stage, scale, last_try
+    def __init__(
+        self,
+        configure: Callable[[ClientManager], list[tuple[ClientProxy, FitIns]]],
+        aggregate: Callable[[list[tuple[ClientProxy, FitRes]], list[Any]], str],
+    ) -> None:
+        self.configure, self.aggregate = configure, aggregate
         self.outcome: str | None = None  # None: SecAgg+ never got to aggregate (too few clients, a failure)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        return self.report.configure_secure(self.stage, client_manager, self.scale)
+        return self.configure(client_manager)
 
     def aggregate_fit(
         self,
@@ -305,8 +369,54 @@ class SecureReportStage:
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[None, dict]:
-        self.outcome = self.report.aggregate_secure(self.stage, results, failures, self.scale, self.last_try)
+        self.outcome = self.aggregate(results, failures)
         return None, {}  # the global model stays as it is
+
+
+def secure_tries(
+    grid: Grid,
+    legacy: LegacyContext,
+    cfg: RunConfig,
+    timeout: float | None,
+    stage: Callable[[float, bool], SecureStage],
+) -> str | None:
+    """One secure exchange (`stage(scale, last_try)`), asked again with the sums scaled down (a public
+    factor) while SecAgg+ would clip them; the last outcome."""
+    scale, outcome = 1.0, None
+    for attempt in range(SECURE_REPORT_TRIES):
+        adapter = stage(scale, attempt == SECURE_REPORT_TRIES - 1)
+        context = LegacyContext(
+            legacy, config=legacy.config, strategy=adapter, client_manager=legacy.client_manager
+        )  # type: ignore[arg-type]
+        secure_workflow(cfg, timeout)(grid, context)
+        outcome = adapter.outcome
+        if outcome != SECURE_RETRY:
+            break
+        scale /= SECURE_REPORT_SHRINK
+    return outcome
+
+
+def run_secure_selection(
+    grid: Grid, legacy: LegacyContext, choice: KChoiceStages, cfg: RunConfig, timeout: float | None
+) -> None:
+    """Choose k before round 1 (`run_selection`) with round B's sums aggregated by SecAgg+; round A's
+    floored local centres are no sum and go plainly (`fedapp.app.k_selection`)."""
+    instructions = choice.configure(PHASE_CENTRES, legacy.client_manager)
+    if not instructions:
+        return
+    if not choice.aggregate(PHASE_CENTRES, *exchange(instructions, SELECT_GROUP, timeout)):  # type: ignore[arg-type]
+        return
+    round_config = legacy.state.config_records[MAIN_CONFIGS_RECORD]
+    round_config[Key.CURRENT_ROUND] = SELECT_GROUP
+
+    def stage(scale: float, last_try: bool) -> SecureStage:
+        return SecureStage(
+            lambda manager: choice.configure_secure(manager, scale),
+            lambda results, failures: choice.aggregate_secure(results, failures, scale, last_try),
+        )
+
+    if secure_tries(grid, legacy, cfg, timeout, stage) != SECURE_DONE:
+        raise RuntimeError(f"k selection ({PHASE_STATISTICS}, SecAgg+): nothing aggregated")
 
 
 def run_secure_report(
@@ -317,19 +427,27 @@ def run_secure_report(
     whose values SecAgg+ would clip is asked again with the sums scaled down (a public factor)."""
     round_config = legacy.state.config_records[MAIN_CONFIGS_RECORD]
     round_config[Key.CURRENT_ROUND] = REPORT_GROUP
+    choice = report.choice  # `select = best`: score start and final first, the sums through SecAgg+
+
+    def choice_stage(scale: float, last_try: bool) -> SecureStage:
+        return SecureStage(
+            lambda manager: choice.configure_secure(manager, scale),
+            lambda results, failures: choice.aggregate_secure(results, failures, scale, last_try),
+        )
+
+    if secure_tries(grid, legacy, cfg, timeout, choice_stage) is None:
+        choice.abandon("SecAgg+ aggregated nothing (run stopped, or under 2 clients)")
     for stage in STAGES:
-        scale = 1.0
-        for attempt in range(SECURE_REPORT_TRIES):
-            adapter = SecureReportStage(report, stage, scale, attempt == SECURE_REPORT_TRIES - 1)
-            context = LegacyContext(
-                legacy, config=legacy.config, strategy=adapter, client_manager=legacy.client_manager
-            )  # type: ignore[arg-type]
-            secure_workflow(cfg, timeout)(grid, context)
-            if adapter.outcome != SECURE_RETRY:
-                break
-            scale /= SECURE_REPORT_SHRINK
-        if adapter.outcome != SECURE_DONE:
-            if adapter.outcome is None:
+
+        def secure_stage(scale: float, last_try: bool, stage: str = stage) -> SecureStage:
+            return SecureStage(
+                lambda manager: report.configure_secure(stage, manager, scale),
+                lambda results, failures: report.aggregate_secure(stage, results, failures, scale, last_try),
+            )
+
+        outcome = secure_tries(grid, legacy, cfg, timeout, secure_stage)
+        if outcome != SECURE_DONE:
+            if outcome is None:
                 log(INFO, "final report (%s): nothing aggregated (run stopped, or under 2 clients)", stage)
             return
 

@@ -188,3 +188,14 @@ def select_k(
     merged = merge_statistics([candidate_statistics(X, candidates, floor) for X in client_rows])
     table = {k: candidate_criteria(merged[k], candidates[k]) for k in candidates}
     return Selection(table, rule, choose_k(table, rule)), candidates
+
+
+def view_consensus(choices: Sequence[int]) -> int:
+    """Vertical federations: every party chooses k on its own view of all the records (`select_k` over
+    its rows alone) and the run takes the mean of their choices, rounded (halves down). A single view
+    sees some clusters merged (k too small: HW's and BDGP's views often choose 2) and others split (HW's
+    widest views 20 and 23); the mean balances the two where the medians take one side. Measured on the
+    three multi-view sets with a known k (docs/model-selection.md), which is all the support it has."""
+    if not choices:
+        raise SelectionError("no party chose a k")
+    return int(np.ceil(np.mean([int(k) for k in choices]) - 0.5))

@@ -93,6 +93,19 @@ def encode_candidate_sums(sums: CandidateSums) -> bytes:
     return encode_arrays(counts=sums.counts, sums=sums.sums, squared_norms=sums.squared_norms)
 
 
+def secure_candidate_arrays(sums: CandidateSums, scale: float) -> list[np.ndarray]:
+    """The sums as SecAgg+ arrays: sizes, then the feature sums and squared norms times `scale`."""
+    return [sums.counts.astype(np.float64), sums.sums * scale, sums.squared_norms * scale]
+
+
+def candidate_sums_from_totals(totals: list[np.ndarray], scale: float) -> CandidateSums:
+    """The inverse of `secure_candidate_arrays` on SecAgg+'s totals (sizes rounded to whole records)."""
+    if len(totals) != 3:
+        raise ReplyError(f"secure candidate sums of {len(totals)} arrays, expected 3")
+    counts, sums, squared = (np.asarray(total, dtype=np.float64) for total in totals)
+    return CandidateSums(np.rint(counts).astype(np.int64), sums / scale, squared / scale)
+
+
 def decode_candidate_sums(blob: object) -> CandidateSums:
     arrays = decode_arrays(blob, "candidate sums", ("counts", "sums", "squared_norms"))
     return CandidateSums(
