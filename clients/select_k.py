@@ -24,10 +24,12 @@ from fedapp.app.k_selection import (
     VIEW_SELECTION_KEY,
     candidates_from_arrays,
     selection_rows,
+    selection_space,
     statistics_to_arrays,
 )
 from fedapp.config.run import RunConfig
 from fedapp.datasets.local import LocalData
+from fedapp.features.embeddings import EmbeddingCache
 from fedapp.maths.selection import candidate_statistics, local_summary, select_k
 from fedapp.privacy.secagg import SUM, secure_upload
 from fedapp.wire import encode_array, encode_arrays
@@ -44,10 +46,13 @@ class SelectingClient(Protocol):
 
     def identity_metrics(self) -> dict[str, Scalar]: ...
 
+    def embedding_cache(self) -> EmbeddingCache: ...
+
 
 def _rows(client: SelectingClient) -> np.ndarray:
-    """The client's rows in the selection space (text: embedded once, by its node's embedding cache)."""
-    return selection_rows(client.cfg, client.data, client.partition_id)
+    """The client's rows in the selection space (text: embedded once, in its node's embedding cache)."""
+    cache = client.embedding_cache() if selection_space(client.cfg) == "embeddings" else None
+    return selection_rows(client.cfg, client.data, client.partition_id, cache)
 
 
 def selection_reply(

@@ -23,6 +23,7 @@ from fedapp.report.assignments import read_assignments
 from fedapp.report.keep import KEEP_MARGIN
 from fedapp.wire import ReplyError
 from simulation.runner import execute
+from tests.own_files import write_text_sites
 from tests.test_own_data import _run, _vector_sites
 
 KEYS = {"id-column": "id", "k-max": 8}
@@ -126,3 +127,13 @@ def test_vertical_parties_each_choose_on_their_view_and_the_run_takes_the_rounde
     assert selection["cost"]["extra_rounds"] == 1
     labels = read_assignments(tmp_path / "cefmc" / "nodes" / "0" / "assignments.csv")[1]
     assert labels.max() < summary["k"]
+
+
+def test_text_sites_choose_k_on_their_embeddings_cached_in_each_node(tmp_path: Path) -> None:
+    write_text_sites(tmp_path, 3)  # texts-demo: 4 topics, no labels in the files
+    out = tmp_path / "run"
+    summary = _run(out, method="fsbert-kfed", dataset=_spec(tmp_path), k=0, **KEYS)
+    assert summary["status"] in ("completed", "converged"), summary["status_reason"]
+    assert summary["k"] == summary["k_selection"]["chosen_k"] == 4
+    for site in range(3):  # own records' embeddings stay in the node's own directory
+        assert any((out / "nodes" / str(site)).rglob("*.npy")), f"site {site} cached no embeddings"

@@ -31,6 +31,7 @@ import numpy as np
 from fedapp.config.run import ConfigError, RunConfig
 from fedapp.datasets import PARTITION_PLACEHOLDER
 from fedapp.datasets.local import LocalData
+from fedapp.features.embeddings import EmbeddingCache
 from fedapp.maths.selection import CandidateStats
 from fedapp.methods import method_spec
 from fedapp.metrics.label_free import ClusterSums, DistanceSums
@@ -71,17 +72,20 @@ def may_select(cfg: RunConfig) -> bool:
     return not cfg.k and cfg.own_data and spec.federated and not spec.own_k
 
 
-def selection_rows(cfg: RunConfig, local: LocalData, partition_id: int) -> np.ndarray:
+def selection_rows(
+    cfg: RunConfig, local: LocalData, partition_id: int, cache: EmbeddingCache | None = None
+) -> np.ndarray:
     """One client's rows in the selection space (float64): its sentence embeddings for text methods (in
-    its node's embedding cache), else its features."""
+    `cache`, its node's embedding cache; None: the one `node-out-dir` names), else its features."""
     if selection_space(cfg) == "features":
         return np.asarray(local.features, dtype=np.float64)
     from fedapp.features.texts import embedding_cache, local_embeddings
 
-    node_dir = Path(cfg.node_out_dir.replace(PARTITION_PLACEHOLDER, str(partition_id)))
-    cache = embedding_cache(
-        cfg.embedding_cache, own_data=cfg.own_data, node_dir=node_dir, partition_id=partition_id
-    )
+    if cache is None:
+        node_dir = Path(cfg.node_out_dir.replace(PARTITION_PLACEHOLDER, str(partition_id)))
+        cache = embedding_cache(
+            cfg.embedding_cache, own_data=cfg.own_data, node_dir=node_dir, partition_id=partition_id
+        )
     vectors = local_embeddings(local, cfg.embedding_model, SELECTION_MAX_LENGTH, cfg.device, cache)
     return np.asarray(vectors, dtype=np.float64)
 

@@ -4,7 +4,9 @@ For each benchmark: the selection of `simulation.tune` over 10 IID clients (k in
 chosen k, the NMI of the selection's own clustering (nearest candidate centre = k-FED with k' = k-max) at
 that k and at the true k, and the selection's cost. Labels are used only here, to score the choice.
 
-    .venv/bin/python -m simulation.bench.selection [NAME ...]
+    .venv/bin/python -m simulation.bench.selection [--full] [NAME ...]
+
+`--full`: every record of the sets measured on a subsample by default (the text sets, MNIST).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ BENCHMARKS = {
 RULES = ("silhouette", "calinski_harabasz", "davies_bouldin")
 
 
-def measure(name: str, clients: int = 10, seed: int = 0) -> str:
+def measure(name: str, clients: int = 10, seed: int = 0, full: bool = False) -> str:
     """One markdown row: true k, per rule the chosen k and its NMI, NMI at the true k, the cost."""
     method, dataset, max_samples, scaling = BENCHMARKS[name]
+    max_samples = 0 if full else max_samples
     with tempfile.TemporaryDirectory() as out:
         cfg = parse_run_config(
             {
@@ -72,14 +75,16 @@ def measure(name: str, clients: int = 10, seed: int = 0) -> str:
     )
 
 
-def main(names: list[str]) -> None:
+def main(args: list[str]) -> None:
+    full = "--full" in args
+    names = [arg for arg in args if arg != "--full"]
     print(
         "| benchmark | true k | silhouette: k (NMI) | CH: k (NMI) | DB: k (NMI) | NMI at true k "
         "| extra rounds | MB up / down | seconds |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for name in names or list(BENCHMARKS):
-        print(measure(name), flush=True)
+        print(measure(name, full=full), flush=True)
 
 
 if __name__ == "__main__":
