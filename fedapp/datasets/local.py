@@ -32,6 +32,7 @@ from fedapp.datasets.node_cache import cached_source, entry_stem
 from fedapp.datasets.partition import partition_indices, vertical_view
 from fedapp.datasets.preprocessing import scale_view
 from fedapp.datasets.sources import source_path, substituted
+from fedapp.datasets.streaming import stream_source, streams
 from fedapp.methods import method_spec
 
 
@@ -184,9 +185,13 @@ def _node_cached(
     def read() -> Dataset:  # what `load_run_dataset` reads for an own file (the registry's cache first)
         return load_dataset(spec, columns=columns, partition_id=pid, expect_kind=expect_kind)
 
+    def stream(features: Path) -> Dataset:  # a large vector file, batch by batch into the entry
+        return stream_source(spec, columns, pid, features, expect_kind)
+
     if not state:  # not a file (an image folder, or missing: reading gives the error)
         return read()
-    return cached_source(root, entry_stem(spec, columns, pid, expect_kind), substituted(spec, pid), read)
+    stem, name = entry_stem(spec, columns, pid, expect_kind), substituted(spec, pid)
+    return cached_source(root, stem, name, read, stream if streams(spec, columns, pid, expect_kind) else None)
 
 
 def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:
