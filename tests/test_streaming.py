@@ -175,3 +175,28 @@ def test_the_node_cache_streams_a_large_file_once_and_maps_it(
     _same(read_source(spec), first)
     _same(first, again)
     assert isinstance(again.vectors, np.memmap)
+
+
+def test_the_preflight_reads_a_streamed_file_by_its_summary_and_still_names_a_bad_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedapp.app import preflight
+    from fedapp.config.run import ConfigError, parse_run_config
+
+    for site in range(2):
+        _frame(50, seed=site).drop(columns="id").to_parquet(tmp_path / f"site-{site}.parquet")
+    monkeypatch.setattr(st, "STREAM_ABOVE_BYTES", 100)
+
+    def whole(*_: object) -> object:
+        raise AssertionError("a streamed file is not read whole by the preflight")
+
+    monkeypatch.setattr(preflight, "load_run_dataset", whole)
+    spec = f"parquet:{tmp_path}/site-{{partition-id}}.parquet"
+    keys = {"method": "kfed", "dataset": spec, "out-dir": str(tmp_path / "out")}
+    cfg = parse_run_config(keys)
+    preflight.check_run(cfg, 2)  # 50 records a site, 3 classes, width 2
+    with pytest.raises(ConfigError, match=r"client 0: .* holds 50 records, fewer than k=60"):
+        preflight.check_run(parse_run_config({**keys, "k": 60}), 2)
+    _frame(50, seed=5).drop(columns=["id", "b"]).to_parquet(tmp_path / "site-1.parquet")
+    with pytest.raises(DatasetError, match=r"client 1: .* has shape 1 per record, client 0's file 2"):
+        preflight.check_run(cfg, 2)
