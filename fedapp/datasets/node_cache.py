@@ -124,7 +124,6 @@ def _load(folder: Path, stem: str, name: str) -> Dataset:
     ):
         log(WARNING, "parsed-data cache entry %s does not match its sidecar: reading the file again", stem)
         raise _UnusableEntryError("shape or dtype")
-    record_ids = ids.tolist() if ids is not None else [str(i) for i in range(n)]
     return Dataset(
         name=name,
         kind="vectors",
@@ -132,7 +131,7 @@ def _load(folder: Path, stem: str, name: str) -> Dataset:
         n_classes=int(meta["n_classes"]),
         vectors=vectors,
         class_names=tuple(meta["class_names"]) if meta["class_names"] is not None else None,
-        ids=tuple(record_ids),
+        ids=tuple(ids.tolist()) if ids is not None else None,  # row numbers: `LocalData.ids` makes them
         labelled=bool(meta["labelled"]),
     )
 

@@ -6,7 +6,7 @@ is read in bounded batches instead - Parquet row groups through `ParquetFile.ite
 pyarrow's streaming CSV reader (every cell as its text, as the whole read takes it), ``.npy`` through a
 read-only memory map - each batch validated by the whole read's own checks (the same one-line errors,
 rows counted over the whole file) and appended to a ``.npy`` whose header is written last, so peak memory
-is one batch and the labels and ids (a few bytes a record), not the file. The node cache
+is about one batch (a Parquet row group) and the labels and ids, not the file. The node cache
 (`fedapp.datasets.node_cache`) keeps that ``.npy`` as its entry's features and maps it.
 
 Where a batch cannot see the whole file, the rule is the first batch's: without `feature-columns` the
@@ -88,7 +88,7 @@ def stream_source(
             for block in _npy_blocks(path):
                 out.append(block)
             n = out.rows
-            raw, ids, labelled = np.zeros(n, np.int64), [str(i) for i in range(n)], False
+            raw, ids, labelled = np.zeros(n, np.int64), None, False
         else:
             raw, ids, labelled = _stream_table(path, prefix, columns, out.append)
     vectors = np.load(features, mmap_mode="r", allow_pickle=False)
@@ -150,11 +150,13 @@ def _needed(names: list[str], columns: src.Columns) -> list[str]:
 
 def _stream_table(
     path: Path, prefix: str, columns: src.Columns, write: Callable[[np.ndarray], None]
-) -> tuple[np.ndarray, list[str], bool]:
-    """Every batch's features to `write`; returns (raw labels, ids, labelled) as the whole read has them."""
+) -> tuple[np.ndarray, list[str] | None, bool]:
+    """Every batch's features to `write`; returns (raw labels, ids, labelled) as the whole read has them,
+    ids None for row numbers (`LocalData.ids` makes them when asked: 2.5 M strings are ~150 MB)."""
     names, columns = _table_columns(path, prefix, columns)
     labelled = bool(columns.label) and columns.label in names
-    labels, ids, chosen, rows = _Labels(), [], None, 0
+    labels, chosen, rows = _Labels(), None, 0
+    ids: list[str] = []
     for batch in _table_batches(path, prefix, names, _needed(names, columns)):
         if columns.id:
             ids += src._table_ids(batch, columns)
@@ -165,9 +167,8 @@ def _stream_table(
         rows += batch.n_rows
     if columns.id:
         src._check_unique_ids(ids, path, _data_row)
-    else:
-        ids = [str(i) for i in range(rows)]
-    return (labels.raw(path) if labelled else np.zeros(rows, np.int64)), ids, labelled
+    raw = labels.raw(path) if labelled else np.zeros(rows, np.int64)
+    return raw, (ids if columns.id else None), labelled
 
 
 def _data_row(row: int) -> str:
@@ -223,14 +224,14 @@ def _column_of(path: Path, batch: pa.RecordBatch) -> Callable[[str], pd.Series]:
 
 
 def _parquet_file(path: Path) -> pq.ParquetFile:
-    try:
-        return pq.ParquetFile(path)
+    try:  # no pre-buffering, one thread: a row group's pages at a time (pre-buffered: 460 MB for 390 MB)
+        return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 22)
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise DatasetError(f"{path}: not a readable Parquet file: {src._one_line(exc)}") from exc
 
 
 def _parquet_batches(path: Path, needed: list[str]) -> Iterator[pa.RecordBatch]:
-    batches = _parquet_file(path).iter_batches(batch_size=BATCH_ROWS, columns=needed)
+    batches = _parquet_file(path).iter_batches(batch_size=BATCH_ROWS, columns=needed, use_threads=False)
     while True:
         try:
             batch = next(batches)
