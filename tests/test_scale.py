@@ -180,3 +180,18 @@ def test_an_own_file_run_writes_each_nodes_cache_and_a_rerun_gives_the_same_resu
         assert len(list((tmp_path / "out" / "nodes" / str(site)).joinpath(*FOLDER).glob("*.json"))) == 1
     again = execute(build_overrides(keys, tmp_path / "out"), engine="inprocess", quiet=True, overwrite=True)
     assert again["metrics"] == first["metrics"] and first["metrics"]["nmi"] > 0.5
+
+
+def test_distance_sums_over_a_row_mask_equal_those_of_the_selected_rows(tiny_chunks: None) -> None:
+    X, _ = _blobs()
+    centres = local_centres(X, 4, seed=0, restarts=1)[0]
+    labels = nearest_centre(X, centres)
+    rows = np.random.default_rng(1).random(len(X)) < 0.7  # the report's shared clusters' rows
+    sums = cluster_sums(X[rows], labels[rows], 4)
+    means = pooled_means(sums)
+    selected = distance_sums(X[rows], labels[rows], means, sums.counts)
+    masked = distance_sums(X, labels[rows], means, sums.counts, rows)
+    np.testing.assert_allclose(masked.distance_sums, selected.distance_sums, rtol=1e-12)
+    np.testing.assert_allclose(masked.squared_sums, selected.squared_sums, rtol=1e-12)
+    assert masked.silhouette_sum == pytest.approx(selected.silhouette_sum, rel=1e-12)
+    assert masked.n == selected.n == rows.sum()
