@@ -41,7 +41,9 @@ from fedapp.private_files import owner_only_fd
 
 STREAMED_PREFIXES = ("csv:", "tsv:", "parquet:", "npy:")
 STREAM_ABOVE_BYTES = 64 << 20  # smaller files are read whole, as before (one parse shared with the preflight)
-BATCH_ROWS = 65_536  # Parquet and .npy rows a batch (2 MiB a float32 column)
+BATCH_ROWS = 65_536  # most Parquet and .npy rows a batch (2 MiB a float32 column)
+BATCH_VALUES = 1 << 21  # and at most about this many cells: wide files take fewer rows a batch
+_COLUMN_BUFFER = 1 << 16  # Parquet reads a column chunk through a buffer this big, not whole
 CSV_BLOCK_BYTES = 1 << 24  # CSV/TSV text a batch
 _HEADER_BYTES = 128  # room left for the .npy header, written last (a multiple of 64 keeps rows aligned)
 _SCAN_BLOCK = 1 << 22
@@ -91,6 +93,7 @@ def stream_source(
             raw, ids, labelled = np.zeros(n, np.int64), None, False
         else:
             raw, ids, labelled = _stream_table(path, prefix, columns, out.append)
+    _release_arrow_memory()
     vectors = np.load(features, mmap_mode="r", allow_pickle=False)
     return build(name, "vectors", raw, source=path, vectors=vectors, ids=ids, labelled=labelled)
 
@@ -121,6 +124,7 @@ def summary(
                 labels.add(batch.column(columns.label), batch, columns.label)
             rows += batch.n_rows
     n_classes = len(np.unique(labels.raw(path))) if labelled else 1
+    _release_arrow_memory()
     return Summary(name, rows, width, labelled, n_classes)
 
 
@@ -213,6 +217,17 @@ def _table_batches(path: Path, prefix: str, names: list[str], needed: list[str])
         raise DatasetError(f"{path}: {empty}")
 
 
+def _batch_rows(columns: int) -> int:
+    """Rows a batch of this many columns: `BATCH_ROWS`, fewer for wide files (`BATCH_VALUES` cells)."""
+    return max(1, min(BATCH_ROWS, BATCH_VALUES // max(1, columns)))
+
+
+def _release_arrow_memory() -> None:
+    """Hand the Arrow pool's freed blocks back to the system: its allocator keeps them otherwise, and a
+    parse's batches would stay counted against the process after it (RSS, `ulimit -d`)."""
+    pa.default_memory_pool().release_unused()
+
+
 def _column_of(path: Path, batch: pa.RecordBatch) -> Callable[[str], pd.Series]:
     def column(name: str) -> pd.Series:
         try:
@@ -224,14 +239,15 @@ def _column_of(path: Path, batch: pa.RecordBatch) -> Callable[[str], pd.Series]:
 
 
 def _parquet_file(path: Path) -> pq.ParquetFile:
-    try:  # no pre-buffering, one thread: a row group's pages at a time (pre-buffered: 460 MB for 390 MB)
-        return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 22)
+    try:  # no pre-buffering, buffered column reads: the Arrow pool's peak is about a row group's pages
+        return pq.ParquetFile(path, pre_buffer=False, buffer_size=_COLUMN_BUFFER)
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise DatasetError(f"{path}: not a readable Parquet file: {src._one_line(exc)}") from exc
 
 
 def _parquet_batches(path: Path, needed: list[str]) -> Iterator[pa.RecordBatch]:
-    batches = _parquet_file(path).iter_batches(batch_size=BATCH_ROWS, columns=needed, use_threads=False)
+    rows = _batch_rows(len(needed))
+    batches = _parquet_file(path).iter_batches(batch_size=rows, columns=needed, use_threads=False)
     while True:
         try:
             batch = next(batches)
@@ -319,8 +335,9 @@ def _npy_blocks(path: Path) -> Iterator[np.ndarray]:
     read's error."""
     array = _npy_map(path)
     dtype = src._check_matrix(array, path, "the array")
-    for start in range(0, array.shape[0], BATCH_ROWS):
-        block = np.asarray(array[start : start + BATCH_ROWS], dtype)
+    step = _batch_rows(array.shape[1])
+    for start in range(0, array.shape[0], step):
+        block = np.asarray(array[start : start + step], dtype)
         bad = np.argwhere(~np.isfinite(block))
         if len(bad):
             row, col = bad[0]
