@@ -137,7 +137,7 @@ class ClientReport:
         client = self.client
         result = client.assign(parameters, config)
         path = client.node_directory() / ASSIGNMENTS_FILE
-        write_assignments(path, client.data.ids, result.labels, result.scores)
+        write_assignments(path, client.data.id_values, result.labels, result.scores)
         return result
 
     def statistics(self, result: Assignment) -> Statistics:

@@ -195,3 +195,12 @@ def test_distance_sums_over_a_row_mask_equal_those_of_the_selected_rows(tiny_chu
     np.testing.assert_allclose(masked.squared_sums, selected.squared_sums, rtol=1e-12)
     assert masked.silhouette_sum == pytest.approx(selected.silhouette_sum, rel=1e-12)
     assert masked.n == selected.n == rows.sum()
+
+
+def test_row_number_ids_are_written_as_their_strings_are(tmp_path: Path) -> None:
+    labels, scores = np.array([1, 0, 2, 1, 0]), np.array([0.5, np.nan, 1.0, 0.25, 1e-300])
+    rows = np.array([3, 0, 7, 10, 1234567])  # a client's row numbers (`LocalData.id_values`)
+    as_text = write_assignments(tmp_path / "text" / "assignments.csv", [str(i) for i in rows], labels, scores)
+    as_rows = write_assignments(tmp_path / "rows" / "assignments.csv", rows, labels, scores)
+    assert as_rows.read_bytes() == as_text.read_bytes()
+    assert read_assignments(as_rows)[0] == ["3", "0", "7", "10", "1234567"]

@@ -77,6 +77,11 @@ class LocalData:
             return list(self.dataset.ids) if self.whole else [self.dataset.ids[i] for i in self.indices]
         return [str(i) for i in self.indices.tolist()]
 
+    @property
+    def id_values(self) -> list[str] | np.ndarray:
+        """`ids` as the report writes them: row numbers as their integer array (no Python strings)."""
+        return self.ids if self.dataset.ids is not None else self.indices
+
     @cached_property
     def labels(self) -> np.ndarray:
         """Ground truth for evaluation only: never leaves the client (contingency tables do)."""

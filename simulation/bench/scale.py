@@ -4,6 +4,7 @@
     python -m simulation.bench.scale --deploy 1000000 [--rounds 6]
     python -m simulation.bench.scale --embeddings 2000
     python -m simulation.bench.scale --capped 4400000 [--sites 2 --width 128 --cap-mb 1024]
+    python -m simulation.bench.scale --local-kmeans 250000
 
 For each n it writes 4 Parquet files (`make_blobs`: 32 float32 features, 20 centres, a `label` column;
 each site drawn around the same centres), then runs, each as its own process (one process tree):
@@ -20,6 +21,8 @@ of FFCM against `bench-echo` on the same files with FFCM's payload: the median o
 `--capped N [--sites 2 --width 128 --cap-mb 1024]`: k-FED and FFCM on files larger than the memory the run
 may take (`prlimit --data`, RLIMIT_DATA), written a row group at a time; wall, peak RSS (and its anonymous
 and file-backed parts) and NMI.
+`--local-kmeans N`: k-FED's local step on one site that fits, today's whole k-means against the sampled
+one with exact chunked passes (seconds, NMI), on N blobs and MNIST.
 `--embeddings N`: texts/s of fedapp's encoding path and of sentence-transformers' `encode` called
 directly, same titles, batch size 64 and model.
 """
@@ -143,7 +146,7 @@ def generate_large(n: int, folder: Path, sites: int, width: int, seed: int = 0) 
         path = folder / f"site-{site}.parquet"
         if path.exists():
             continue
-        with pq.ParquetWriter(path.with_suffix(".tmp"), schema) as writer:
+        with pq.ParquetWriter(path.with_suffix(".tmp"), schema, use_dictionary=False) as writer:
             for start in range(0, len(size), LARGE_ROW_GROUP):
                 labels = rng.integers(0, CENTRES, min(LARGE_ROW_GROUP, len(size) - start))
                 block = centres[labels] + rng.standard_normal((len(labels), width), dtype=np.float32)
@@ -207,6 +210,44 @@ def capped_row(n: int, sites: int, width: int, cap_mb: int, work: Path, method: 
         "nmi": summary["metrics"].get("nmi"),
         "command": "ARROW_DEFAULT_MEMORY_POOL=system " + " ".join(command),
     }
+
+
+def local_kmeans_ab(n: int, data_dir: Path, seeds: int = 3) -> list[dict[str, Any]]:
+    """k-FED's local step on one site that fits in memory, today's whole k-means (`floored_kmeans`, one
+    restart: the auto setting above 50,000 records) against the sampled one (`local_centres` above
+    `LOCAL_SAMPLE`): seconds and NMI to the labels, per seed, on float32 blobs (unit and 4x spread) of
+    n x 32 and on MNIST's 70,000 x 784 as one site."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    from clients.kfed import local_centres
+    from fedapp.datasets import load_dataset
+    from fedapp.maths.clustering import nearest_centre
+    from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, floored_kmeans
+
+    centres = np.random.default_rng(0).uniform(-10.0, 10.0, (CENTRES, FEATURES))
+    sets: list[tuple[str, np.ndarray, np.ndarray, int]] = []
+    for spread in (1.0, 4.0):
+        rng = np.random.default_rng(1)
+        truth = rng.integers(0, CENTRES, n)
+        X = (centres[truth] + spread * rng.standard_normal((n, FEATURES))).astype(np.float32)
+        sets.append((f"blobs {n} x {FEATURES}, spread {spread:g}", X, truth, CENTRES))
+    if (data_dir / "mnist").exists():
+        mnist = load_dataset("mnist", data_dir)
+        sets.append(("MNIST 70,000 x 784", mnist.features.astype(np.float32), mnist.y, mnist.n_classes))
+    rows = []
+    for name, X, truth, k in sets:
+        for seed in range(seeds):
+            for path in ("whole", "sampled"):
+                started = time.perf_counter()
+                if path == "whole":
+                    found = floored_kmeans(X, k, seed, CLIENT_MIN_CLUSTER, n_init=1)[0]
+                else:
+                    found = local_centres(X, k, seed, restarts=1)[0]
+                seconds = time.perf_counter() - started
+                nmi = normalized_mutual_info_score(truth, nearest_centre(X, found))
+                rows.append({"data": name, "seed": seed, "path": path, "seconds": seconds, "nmi": nmi})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def deploy_row(n: int, work: Path, rounds: int) -> dict[str, Any]:
@@ -333,6 +374,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128, help="--capped: features, default 128")
     parser.add_argument("--cap-mb", type=int, default=1024, help="--capped: RLIMIT_DATA in MiB, default 1024")
     parser.add_argument("--methods", nargs="+", default=["kfed", "ffcm"], help="--capped: which runs")
+    parser.add_argument(
+        "--local-kmeans", type=int, metavar="N", help="k-FED's local step, whole against sampled, on N blobs"
+    )
     parser.add_argument("--data-dir", type=Path, default=PROJECT_ROOT.parent / "shared" / "data")
     parser.add_argument("--pooled", type=Path, help=argparse.SUPPRESS)  # the baseline's child process
     args = parser.parse_args()
@@ -341,6 +385,9 @@ def main() -> None:
         return
     if args.embeddings:
         print(json.dumps(embedding_throughput(args.embeddings, args.data_dir), indent=1))
+        return
+    if args.local_kmeans:
+        local_kmeans_ab(args.local_kmeans, args.data_dir)
         return
     work = args.work or Path(tempfile.mkdtemp(prefix="fedapp-scale-"))
     if args.capped:
