@@ -71,24 +71,25 @@ def test_the_local_steps_and_the_report_over_a_memory_map_do_not_copy_it(tmp_pat
 
 
 def test_streaming_a_file_into_the_node_cache_holds_one_batch_not_the_file(tmp_path: Path) -> None:
-    """Peak RSS of a fresh process that streams a 218 MB Parquet file into its node cache: well below the
+    """Peak RSS of a fresh process that streams a 200 MB Parquet file into its node cache: well below the
     file (the whole read holds it at least once, and pandas' frame a second time)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(1)
-    centres = rng.uniform(-10.0, 10.0, (K, WIDTH)).astype(np.float32)
+    width = 64  # wide rows: the labels (16 bytes a record while parsing) are a small part of the file
+    centres = rng.uniform(-10.0, 10.0, (K, width)).astype(np.float32)
     path = tmp_path / "site.parquet"
-    fields = [*(pa.field(f"f{j}", pa.float32()) for j in range(WIDTH)), pa.field("label", pa.int64())]
+    fields = [*(pa.field(f"f{j}", pa.float32()) for j in range(width)), pa.field("label", pa.int64())]
     schema = pa.schema(fields)
     with pq.ParquetWriter(path, schema, use_dictionary=False, compression="none") as writer:
-        for _ in range(6):  # 1.5 M records (218 MB) in row groups of 250,000, as the benchmark's files have
-            labels = rng.integers(0, K, 250_000)
-            block = centres[labels] + rng.standard_normal((250_000, WIDTH), dtype=np.float32)
-            columns = [pa.array(block[:, j]) for j in range(WIDTH)] + [pa.array(labels)]
+        for _ in range(12):  # 750,000 records (200 MB) in row groups of 62,500 (16 MB): a reader holds one
+            labels = rng.integers(0, K, 62_500)
+            block = centres[labels] + rng.standard_normal((62_500, width), dtype=np.float32)
+            columns = [pa.array(block[:, j]) for j in range(width)] + [pa.array(labels)]
             writer.write_batch(pa.record_batch(columns, schema=schema))
     small = tmp_path / "small.parquet"
-    pq.write_table(pq.read_table(path).slice(0, 70_000), small)
+    pq.write_table(pq.read_table(path).slice(0, 40_000), small)
     script = f"""
 from fedapp.datasets import streaming
 streaming.STREAM_ABOVE_BYTES = 0  # the small warm-up file streams too
@@ -125,14 +126,18 @@ print(json.dumps({{"streamed": grown, "whole": whole, "memmap": isinstance(vecto
     )
     assert done.returncode == 0, done.stderr[-2000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])
-    assert measured["memmap"] and measured["shape"] == [1_500_000, WIDTH] and measured["dtype"] == "float32"
+    assert measured["memmap"] and measured["shape"] == [750_000, width] and measured["dtype"] == "float32"
     size, streamed, whole = path.stat().st_size, measured["streamed"], measured["whole"]
     print(
         f"{size / 1e6:.0f} MB Parquet: peak RSS +{streamed / 1e6:.0f} MB streamed, +{whole / 1e6:.0f} MB read"
     )
     assert whole > size  # the measure sees a whole read
-    # one row group's pages and the labels (16 bytes a record) while parsing; the features never
-    assert streamed < size / 2, f"the streamed parse grew the process by {streamed / 1e6:.0f} MB"
+    # about one row group's pages (Arrow's pool: ~1.3x the group) and the labels (16 bytes a record)
+    # while parsing; the features never
+    # a copy of the features alone would be 192 MB (0.97 of the file): none is held
+    assert streamed < 0.6 * size and streamed < whole / 5, (
+        f"the streamed parse grew by {streamed / 1e6:.0f} MB"
+    )
 
 
 def test_merging_by_sums_equals_merging_rows() -> None:
