@@ -84,7 +84,8 @@ def local_fcm(
     tol: float = INIT_TOL,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Plain FCM on local data (k-means++ init unless `centres` given); returns (centres, membership mass)."""
-    X = np.asarray(X, dtype=np.float64)  # once, not per iteration and chunk (and k-means++ is faster)
+    if len(X) <= INIT_SAMPLE:  # once, not per iteration and chunk (and k-means++ is faster); a larger X
+        X = np.asarray(X, dtype=np.float64)  # (`local-iters` > 1 on a mapped file) converts chunk by chunk
     if centres is None:
         centres, _ = kmeans_plusplus(X, n_clusters=min(k, X.shape[0]), random_state=seed)
     for _ in range(iters):

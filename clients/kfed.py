@@ -20,11 +20,17 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from clients.base import ClusteringClient
-from fedapp.maths.clustering import nearest_centre
-from fedapp.methods.kfed import KFedConfig, local_restarts
+from fedapp.maths.clustering import nearest_centre, sampled_kmeans
+from fedapp.methods.kfed import LOCAL_SAMPLE, KFedConfig, local_restarts
 from fedapp.metrics.label_free import cluster_sums
 from fedapp.privacy.dp import clip_rows, gaussian_mechanism, sum_count_sensitivity
-from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, MERGED_KEY, capped_clusters, floored_kmeans
+from fedapp.privacy.floor import (
+    CLIENT_MIN_CLUSTER,
+    MERGED_KEY,
+    capped_clusters,
+    floored_kmeans,
+    merge_small_sums,
+)
 from fedapp.privacy.uplink import Uplink
 from fedapp.report.stages import Assignment, nearest_with_distance
 
@@ -35,8 +41,16 @@ def local_centres(
     X: np.ndarray, k_local: int, seed: int, restarts: int = LOCAL_RESTARTS, floor: int = CLIENT_MIN_CLUSTER
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Local k-means with k' = min(k_local, n // floor) centres, a cluster below the privacy `floor`
-    merged into its nearest neighbour (`fedapp.privacy.floor`); returns (centres, counts, clusters merged)."""
-    return floored_kmeans(X, k_local, seed, floor, n_init=restarts)
+    merged into its nearest neighbour (`fedapp.privacy.floor`); returns (centres, counts, clusters merged).
+
+    Above `LOCAL_SAMPLE` records: k-means on a seeded sample, then exact Lloyd passes over every record in
+    chunks (`sampled_kmeans`), so a memory-mapped file is never copied whole (docs/scale.md)."""
+    if len(X) <= LOCAL_SAMPLE:
+        return floored_kmeans(X, k_local, seed, floor, n_init=restarts)
+    k = capped_clusters(k_local, len(X), floor)
+    _, counts, sums = sampled_kmeans(X, k, seed, sample=LOCAL_SAMPLE, n_init=restarts)
+    sums, counts, merged = merge_small_sums(sums, counts, floor)
+    return sums / counts[:, None], counts, merged
 
 
 def dp_lloyd(

@@ -137,7 +137,7 @@ class ClientReport:
         client = self.client
         result = client.assign(parameters, config)
         path = client.node_directory() / ASSIGNMENTS_FILE
-        write_assignments(path, client.data.ids, result.labels, result.scores)
+        write_assignments(path, client.data.id_values, result.labels, result.scores)
         return result
 
     def statistics(self, result: Assignment) -> Statistics:
@@ -152,13 +152,14 @@ class ClientReport:
         kept = {"labels": result.labels[shared].astype(np.int64)}
         sums = None
         if result.space is not None:
-            space = result.space if shared.all() else np.asarray(result.space)[shared]
-            sums = cluster_sums(space, kept["labels"], k)
+            # the shared clusters' sums over every row, the others in a spare cluster k: no copy of the rows
+            every = cluster_sums(result.space, np.where(shared, result.labels, k), k + 1)
+            sums = ClusterSums(every.counts[:k], every.sums[:k])
             vectors = client.data.dataset.features is not None  # (`data.features` raises without them)
             if vectors and result.space is client.data.features:  # stage 2 maps them again: no copy kept
                 kept["shared"] = shared
             else:
-                kept["space"] = space
+                kept["space"] = result.space if shared.all() else np.asarray(result.space)[shared]
         if client.data.dataset.texts is not None:
             min_docs = max(client.cfg.keyword_min_docs, client.floor)
             counts = cluster_term_counts(client.data.texts, result.labels, k, min_documents=min_docs)
@@ -170,7 +171,7 @@ class ClientReport:
         """Stage 2: distances of the kept records to the pooled means the server sent."""
         kept = self._kept()
         means, counts = self._pooled_means(parameters, kept["space"].shape[1])
-        return distance_sums(kept["space"], kept["labels"], means, counts)
+        return distance_sums(kept["space"], kept["labels"], means, counts, kept.get("rows"))
 
     # ------------------------------------------------------------------------ how they leave
     def plain_assignments(self, result: Assignment) -> Reply:
@@ -243,7 +244,9 @@ class ClientReport:
         kept = {name: array.numpy() for name, array in client.context.state[REPORT_STATE].items()}
         if "shared" in kept:  # the metric space is the client's features (the process's cached read)
             shared = kept.pop("shared").astype(bool)
-            kept["space"] = client.data.features if shared.all() else client.data.features[shared]
+            kept["space"] = client.data.features  # mapped, not copied: `rows` selects a chunk at a time
+            if not shared.all():
+                kept["rows"] = shared
         if "space" not in kept:
             raise ValueError(
                 f"client {client.partition_id}: method '{client.cfg.method}' has no metric space"

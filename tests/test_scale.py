@@ -180,3 +180,27 @@ def test_an_own_file_run_writes_each_nodes_cache_and_a_rerun_gives_the_same_resu
         assert len(list((tmp_path / "out" / "nodes" / str(site)).joinpath(*FOLDER).glob("*.json"))) == 1
     again = execute(build_overrides(keys, tmp_path / "out"), engine="inprocess", quiet=True, overwrite=True)
     assert again["metrics"] == first["metrics"] and first["metrics"]["nmi"] > 0.5
+
+
+def test_distance_sums_over_a_row_mask_equal_those_of_the_selected_rows(tiny_chunks: None) -> None:
+    X, _ = _blobs()
+    centres = local_centres(X, 4, seed=0, restarts=1)[0]
+    labels = nearest_centre(X, centres)
+    rows = np.random.default_rng(1).random(len(X)) < 0.7  # the report's shared clusters' rows
+    sums = cluster_sums(X[rows], labels[rows], 4)
+    means = pooled_means(sums)
+    selected = distance_sums(X[rows], labels[rows], means, sums.counts)
+    masked = distance_sums(X, labels[rows], means, sums.counts, rows)
+    np.testing.assert_allclose(masked.distance_sums, selected.distance_sums, rtol=1e-12)
+    np.testing.assert_allclose(masked.squared_sums, selected.squared_sums, rtol=1e-12)
+    assert masked.silhouette_sum == pytest.approx(selected.silhouette_sum, rel=1e-12)
+    assert masked.n == selected.n == rows.sum()
+
+
+def test_row_number_ids_are_written_as_their_strings_are(tmp_path: Path) -> None:
+    labels, scores = np.array([1, 0, 2, 1, 0]), np.array([0.5, np.nan, 1.0, 0.25, 1e-300])
+    rows = np.array([3, 0, 7, 10, 1234567])  # a client's row numbers (`LocalData.id_values`)
+    as_text = write_assignments(tmp_path / "text" / "assignments.csv", [str(i) for i in rows], labels, scores)
+    as_rows = write_assignments(tmp_path / "rows" / "assignments.csv", rows, labels, scores)
+    assert as_rows.read_bytes() == as_text.read_bytes()
+    assert read_assignments(as_rows)[0] == ["3", "0", "7", "10", "1234567"]

@@ -23,8 +23,9 @@ from fedapp.app.floor_rules import FloorRule, floor_rule, run_floor
 from fedapp.app.k_selection import selection_space
 from fedapp.config.run import ConfigError, RunConfig
 from fedapp.datasets import Dataset, DatasetError, has_placeholder
-from fedapp.datasets.local import load_run_dataset, views_of
+from fedapp.datasets.local import columns_of, expected_kind, load_run_dataset, views_of
 from fedapp.datasets.partition import partition_indices
+from fedapp.datasets.streaming import Summary, streams, summary
 from fedapp.methods import method_spec
 from fedapp.privacy.alignment import AlignmentError, intersect
 from fedapp.privacy.plan import check_delta
@@ -102,13 +103,13 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
 def check_own_files(cfg: RunConfig, num_clients: int) -> None:
     """One file per client (`{partition-id}`): each reads, fits the method, holds k records, and every
     client's vectors have the same width. Errors name the client (and, from the reader, file/row/column)."""
-    files: list[Dataset] = []
+    vertical = method_spec(cfg.method).vertical
+    files: list[Dataset | Summary] = []
     for partition_id in range(num_clients):
         try:
-            files.append(load_run_dataset(cfg, partition_id))
+            files.append(_own_file(cfg, partition_id, vertical))
         except DatasetError as exc:
             raise DatasetError(f"client {partition_id}: {exc}") from None
-    vertical = method_spec(cfg.method).vertical
     labelled = [data.labelled for data in files]
     unlabelled = [i for i, has in enumerate(labelled) if not has]
     k = cfg.k or _unlabelled_k(cfg, not unlabelled, f"client(s) {unlabelled} have")
@@ -119,20 +120,16 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
                 f"client {partition_id}: {data.name} holds {data.n_samples} records, "
                 f"fewer than k={k} clusters"
             )
-        if vertical and data.ids is None:
+        if vertical and (isinstance(data, Summary) or data.ids is None):
             raise ConfigError(
                 f"client {partition_id}: {data.name}: vertical parties align by id: set id-column"
             )
     if vertical:
-        check_shared_ids(files, k)
+        check_shared_ids([data for data in files if isinstance(data, Dataset)], k)
         return
     check_delta(cfg, [data.n_samples for data in files])
     check_floor(cfg, [Site(i, data.name, data.n_samples) for i, data in enumerate(files)], k)
-    widths = {
-        i: data.image_shape or data.features.shape[1]
-        for i, data in enumerate(files)
-        if data.images is not None or data.vectors is not None
-    }
+    widths = {i: width for i, data in enumerate(files) if (width := _width(data)) is not None}
     if len(set(widths.values())) > 1:
         first = min(widths)
         odd = next(i for i, width in widths.items() if width != widths[first])
@@ -140,6 +137,28 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
             f"client {odd}: {files[odd].name} has shape {widths[odd]} per record, client "
             f"{first}'s file {widths[first]}: every node needs the same feature columns / image size"
         )
+
+
+def _own_file(cfg: RunConfig, partition_id: int, vertical: bool) -> Dataset | Summary:
+    """A client's own file as the checks need it: read whole, or, for a vector file the clients stream
+    (`fedapp.datasets.streaming`: larger than `STREAM_ABOVE_BYTES`), its records, width and labels from the
+    metadata, the first batch and the label column, so a file larger than memory is never held here.
+    Its other cells are checked by the client's streamed parse (the same one-line errors, at its first
+    message)."""
+    spec, expect, columns = cfg.dataset, expected_kind(cfg.method), columns_of(cfg)
+    whole = vertical or cfg.max_samples or cfg.imbalance  # clients read these whole too (`own_file`)
+    if not whole and streams(spec, columns, partition_id, expect):
+        return summary(spec, columns, partition_id, expect)
+    return load_run_dataset(cfg, partition_id)
+
+
+def _width(data: Dataset | Summary) -> int | tuple[int, ...] | None:
+    """A record's shape: the feature count, or an image's shape; None for texts."""
+    if isinstance(data, Summary):
+        return data.width
+    if data.images is not None or data.vectors is not None:
+        return data.image_shape or data.features.shape[1]
+    return None
 
 
 def _unlabelled_k(cfg: RunConfig, labelled: bool, who: str) -> int:

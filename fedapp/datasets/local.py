@@ -32,6 +32,7 @@ from fedapp.datasets.node_cache import cached_source, entry_stem
 from fedapp.datasets.partition import partition_indices, vertical_view
 from fedapp.datasets.preprocessing import scale_view
 from fedapp.datasets.sources import source_path, substituted
+from fedapp.datasets.streaming import stream_source, streams
 from fedapp.methods import method_spec
 
 
@@ -75,6 +76,11 @@ class LocalData:
         if self.dataset.ids is not None:
             return list(self.dataset.ids) if self.whole else [self.dataset.ids[i] for i in self.indices]
         return [str(i) for i in self.indices.tolist()]
+
+    @property
+    def id_values(self) -> list[str] | np.ndarray:
+        """`ids` as the report writes them: row numbers as their integer array (no Python strings)."""
+        return self.ids if self.dataset.ids is not None else self.indices
 
     @cached_property
     def labels(self) -> np.ndarray:
@@ -184,9 +190,13 @@ def _node_cached(
     def read() -> Dataset:  # what `load_run_dataset` reads for an own file (the registry's cache first)
         return load_dataset(spec, columns=columns, partition_id=pid, expect_kind=expect_kind)
 
+    def stream(features: Path) -> Dataset:  # a large vector file, batch by batch into the entry
+        return stream_source(spec, columns, pid, features, expect_kind)
+
     if not state:  # not a file (an image folder, or missing: reading gives the error)
         return read()
-    return cached_source(root, entry_stem(spec, columns, pid, expect_kind), substituted(spec, pid), read)
+    stem, name = entry_stem(spec, columns, pid, expect_kind), substituted(spec, pid)
+    return cached_source(root, stem, name, read, stream if streams(spec, columns, pid, expect_kind) else None)
 
 
 def local_partition(cfg: RunConfig, partition_id: int, num_partitions: int) -> LocalData:

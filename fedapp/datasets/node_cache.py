@@ -59,13 +59,35 @@ def entry_stem(spec: str, columns: Columns, partition_id: int | None, expect_kin
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:32]
 
 
-def cached_source(root: Path, stem: str, name: str, read: Callable[[], Dataset]) -> Dataset:
-    """The dataset of entry `stem` under `root` (memory-mapped), else `read()` and, for vectors, write it."""
+def cached_source(
+    root: Path,
+    stem: str,
+    name: str,
+    read: Callable[[], Dataset],
+    stream: Callable[[Path], Dataset] | None = None,
+) -> Dataset:
+    """The dataset of entry `stem` under `root` (memory-mapped), else `read()` and, for vectors, write it.
+
+    `stream` (a file larger than memory may be, `fedapp.datasets.streaming`): parses the file batch by
+    batch into the features path it is given, so the entry is written without the file ever being held;
+    a root that cannot be written falls back to `read()`."""
     folder = root.joinpath(*FOLDER)
     try:
         return _load(folder, stem, name)
     except _UnusableEntryError:
         pass
+    if stream is not None:
+        try:
+            _make_folder(folder)
+        except OSError as exc:
+            log(WARNING, "parsed-data cache %s cannot be written (%s): reading the file whole", folder, exc)
+            return read()
+        data = stream(_paths(folder, stem)["features.npy"])
+        try:
+            _write(folder, stem, data, features_written=True)
+        except OSError as exc:
+            log(WARNING, "parsed-data cache %s cannot be written (%s): going on without it", folder, exc)
+        return data
     data = read()
     if data.kind == "vectors":
         try:
@@ -102,7 +124,6 @@ def _load(folder: Path, stem: str, name: str) -> Dataset:
     ):
         log(WARNING, "parsed-data cache entry %s does not match its sidecar: reading the file again", stem)
         raise _UnusableEntryError("shape or dtype")
-    record_ids = ids.tolist() if ids is not None else [str(i) for i in range(n)]
     return Dataset(
         name=name,
         kind="vectors",
@@ -110,19 +131,28 @@ def _load(folder: Path, stem: str, name: str) -> Dataset:
         n_classes=int(meta["n_classes"]),
         vectors=vectors,
         class_names=tuple(meta["class_names"]) if meta["class_names"] is not None else None,
-        ids=tuple(record_ids),
+        ids=tuple(ids.tolist()) if ids is not None else None,  # row numbers: `LocalData.ids` makes them
         labelled=bool(meta["labelled"]),
     )
 
 
-def _write(folder: Path, stem: str, data: Dataset) -> None:
+def _make_folder(folder: Path) -> None:
     folder.parent.parent.mkdir(parents=True, exist_ok=True)
     owner_only_folder(folder.parent)
     owner_only_folder(folder)
+
+
+def _write(folder: Path, stem: str, data: Dataset, features_written: bool = False) -> None:
+    """The entry's files, the sidecar last; `features_written`: the features ``.npy`` is there already
+    (streamed, `data.vectors` maps it)."""
+    _make_folder(folder)
     paths = _paths(folder, stem)
-    vectors = np.ascontiguousarray(data.vectors)
+    vectors = data.vectors
+    assert vectors is not None
     own_ids = data.ids is not None and any(record != str(i) for i, record in enumerate(data.ids))
-    atomic_write(paths["features.npy"], lambda stream: np.save(stream, vectors, allow_pickle=False))
+    if not features_written:
+        contiguous = np.ascontiguousarray(vectors)
+        atomic_write(paths["features.npy"], lambda stream: np.save(stream, contiguous, allow_pickle=False))
     labels = np.ascontiguousarray(data.y, dtype=np.int64)
     atomic_write(paths["labels.npy"], lambda stream: np.save(stream, labels, allow_pickle=False))
     if own_ids:

@@ -192,11 +192,12 @@ class _Table:
     n_rows: int
     column: Callable[[str], pd.Series]
     lines: list[int] | None = None  # JSONL: each row's line in the file, for messages
+    first_row: int = 0  # a batch of a streamed file (`fedapp.datasets.streaming`): its first row's number
 
     def where(self, row: int) -> str:
         if self.lines is not None:
             return f"line {self.lines[row]}"
-        return f"data row {row} (0-based)"
+        return f"data row {self.first_row + row} (0-based)"
 
 
 def _utf8(data: bytes, path: Path, offset: int = 0, line: int = 1) -> str:
@@ -440,10 +441,19 @@ def _describe_cell(value: Any) -> str:
 
 def _table_features(table: _Table, columns: Columns) -> np.ndarray:
     """The N x D float64 feature matrix; the first bad cell (missing, not a number, NaN/inf) is an error."""
+    return _table_feature_columns(table, columns)[0]
+
+
+def _table_feature_columns(
+    table: _Table, columns: Columns, chosen: list[str] | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """(`_table_features`, the columns it took). `chosen`: take these (a streamed file's later batches
+    take the columns its first batch chose), with the messages of the columns being chosen."""
     named = bool(columns.features)
-    candidates = columns.features or [c for c in table.names if c not in (columns.id, columns.label)]
+    others = [name for name in table.names if name not in (columns.id, columns.label)]
+    candidates = chosen or columns.features or others
     parsed = {name: _parsed_numbers(table.column(name)) for name in candidates}
-    if not named:
+    if not named and chosen is None:
         parsed = {
             name: numbers for name, numbers in parsed.items() if _mostly_numeric(table.column(name), numbers)
         }
@@ -458,7 +468,7 @@ def _table_features(table: _Table, columns: Columns) -> np.ndarray:
             hint = "" if named else "; to leave the column out, set feature-columns"
             cell = _describe_cell(table.column(name).iloc[row])
             raise DatasetError(f"{table.path}: {table.where(row)}, column '{name}': {cell}{hint}")
-    return np.column_stack(list(parsed.values()))
+    return np.column_stack(list(parsed.values())), list(parsed)
 
 
 def _table_texts(table: _Table, column: str) -> list[str]:
@@ -535,6 +545,17 @@ def _row_where(row: int) -> str:
 def _feature_matrix(array: np.ndarray, path: Path, what: str) -> np.ndarray:
     """A 2-D numeric array as finite float64 N x D (float32 stays float32); the first NaN/inf is an error
     naming row and column."""
+    matrix = np.asarray(array, _check_matrix(array, path, what))
+    bad = np.argwhere(~np.isfinite(matrix))
+    if len(bad):
+        row, col = bad[0]
+        raise DatasetError(f"{path}: row {row}, column {col} (0-based) of {what}: NaN or infinite value")
+    return matrix
+
+
+def _check_matrix(array: np.ndarray, path: Path, what: str) -> type:
+    """A 2-D numeric array with rows and columns, else the error naming it; returns the dtype it is read
+    as (float32 stays float32, anything else float64)."""
     if array.ndim != 2 or array.dtype.kind not in "biuf":
         raise DatasetError(
             f"{path}: {what} must be a 2-D numeric array (N x D), got shape {array.shape} {array.dtype}"
@@ -543,12 +564,7 @@ def _feature_matrix(array: np.ndarray, path: Path, what: str) -> np.ndarray:
         raise DatasetError(f"{path}: no rows")
     if array.shape[1] == 0:
         raise DatasetError(f"{path}: no feature columns (shape {array.shape})")
-    matrix = np.asarray(array, np.float32 if array.dtype == np.float32 else np.float64)
-    bad = np.argwhere(~np.isfinite(matrix))
-    if len(bad):
-        row, col = bad[0]
-        raise DatasetError(f"{path}: row {row}, column {col} (0-based) of {what}: NaN or infinite value")
-    return matrix
+    return np.float32 if array.dtype == np.float32 else np.float64
 
 
 def _read_npy(name: str, path: Path) -> Dataset:

@@ -61,6 +61,46 @@ def kmeans(
     return model.cluster_centers_.astype(np.float64), model.labels_.astype(np.int64)
 
 
+LLOYD_PASSES = 30  # `sampled_kmeans`: most passes over every record after the sample's fit
+LLOYD_TOL = 1e-4  # and its stop: the centres moved (squared, summed) <= this x the mean feature variance,
+# scikit-learn's KMeans rule, so the whole fit and the passes stop alike
+
+
+def sampled_kmeans(
+    X: np.ndarray, k: int, seed: int, *, sample: int, n_init: int = 1, passes: int = LLOYD_PASSES
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """k-means of more records than fit in memory as float64 (a memory-mapped file): `kmeans` on a seeded
+    sample of `sample` rows, then Lloyd passes over every row, a chunk at a time (exact sums, no copy of
+    `X`), until no record changes cluster, the centres move by at most `LLOYD_TOL` (scikit-learn's rule,
+    the variance taken on the sample) or `passes` are done. Returns (centres (k, d), counts (k,),
+    sums (k, d)) of the last partition; centres are its means (an emptied cluster keeps its centre, count 0).
+    Memory: the sample's float64 copy, one chunk and an int32 label a record."""
+    n, d = np.shape(X)
+    rows = np.sort(np.random.default_rng([seed, 0x5A3]).choice(n, min(sample, n), replace=False))
+    sampled = np.asarray(X[rows], dtype=np.float64)
+    tol = LLOYD_TOL * float(sampled.var(axis=0).mean())
+    centres, _ = kmeans(sampled, k, seed, n_init=n_init)
+    del sampled
+    labels = np.full(n, -1, dtype=np.int32)
+    clusters = np.arange(k)
+    for _ in range(passes):
+        counts, sums, changed = np.zeros(k, np.int64), np.zeros((k, d)), 0
+        for chunk in row_chunks(n, max(k, d)):
+            x = np.asarray(X[chunk], dtype=np.float64)
+            nearest = _chunk_squared_distances(x, centres).argmin(1)
+            changed += int((nearest != labels[chunk]).sum())
+            labels[chunk] = nearest
+            counts += np.bincount(nearest, minlength=k)
+            sums += (nearest[None, :] == clusters[:, None]).astype(np.float64) @ x
+        used = counts > 0
+        updated = centres.copy()
+        updated[used] = sums[used] / counts[used, None]
+        shift, centres = float(((updated - centres) ** 2).sum()), updated
+        if not changed or shift <= tol:
+            break
+    return centres, counts, sums
+
+
 def weighted_centre_sums(
     centres: Sequence[np.ndarray], counts: Sequence[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:

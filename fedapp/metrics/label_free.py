@@ -171,9 +171,16 @@ class DistanceSums:
 
 
 def distance_sums(
-    features: np.ndarray, labels: np.ndarray, means: np.ndarray, counts: np.ndarray
+    features: np.ndarray,
+    labels: np.ndarray,
+    means: np.ndarray,
+    counts: np.ndarray,
+    rows: np.ndarray | None = None,
 ) -> DistanceSums:
     """Client side, pass 2: distances of this client's rows to the pooled means `means` (K, D).
+
+    `rows` (a boolean mask over `features`): only those rows count, `labels` holding theirs; a chunk is
+    selected at a time, so a memory-mapped file is not copied (the report's privacy floor leaves some out).
 
     `counts` are the pooled counts, telling which clusters are non-empty: only those are candidates for
     the silhouette's nearest other cluster. The simplified silhouette of a row (Hruschka et al. 2004) is
@@ -188,15 +195,24 @@ def distance_sums(
     features = _check_features(features)
     if features.shape[1] != means.shape[1]:
         raise LabelFreeError(f"features have {features.shape[1]} dims, means have {means.shape[1]}")
-    labels = _check_labels(labels, features.shape[0], k)
+    if rows is not None and (rows.dtype != bool or rows.shape != (features.shape[0],)):
+        raise LabelFreeError(f"rows must be a boolean mask of {features.shape[0]} entries, got {rows.shape}")
+    labels = _check_labels(labels, features.shape[0] if rows is None else int(rows.sum()), k)
     if not labels.size:
         return DistanceSums(np.zeros(k), np.zeros(k), 0.0, 0)
     if not np.all(counts[labels] > 0):
         raise LabelFreeError("a row is labelled with a cluster whose pooled count is 0")
     used = np.flatnonzero(counts > 0)
     distance_per_cluster, squared_per_cluster, silhouette_sum = np.zeros(k), np.zeros(k), 0.0
-    for rows in row_chunks(labels.size, max(used.size, features.shape[1])):
-        chunk = _chunk_distance_sums(features[rows], labels[rows], means, used)
+    taken = 0  # labels of the rows before this chunk that count
+    for chunk_rows in row_chunks(features.shape[0], max(used.size, features.shape[1])):
+        if rows is None:
+            x, chunk_labels = features[chunk_rows], labels[chunk_rows]
+        else:
+            keep = rows[chunk_rows]
+            x, chunk_labels = features[chunk_rows][keep], labels[taken : taken + int(keep.sum())]
+            taken += chunk_labels.size
+        chunk = _chunk_distance_sums(x, chunk_labels, means, used)
         distance_per_cluster += chunk[0]
         squared_per_cluster += chunk[1]
         silhouette_sum += chunk[2]

@@ -68,6 +68,27 @@ def merge_small_clusters(points: np.ndarray, labels: np.ndarray, floor: int) -> 
         merged += 1
 
 
+def merge_small_sums(sums: np.ndarray, counts: np.ndarray, floor: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """`merge_small_clusters` on per-cluster (sums, counts) instead of rows, for a partition too large to
+    relabel in memory (`fedapp.maths.clustering.sampled_kmeans`): the same merges in the same order (a
+    cluster's centre is its sum / count). Empty clusters are dropped. Returns (sums, counts, merged)."""
+    present = np.asarray(counts) > 0
+    sums = np.array(sums, dtype=np.float64)[present]
+    counts = np.array(counts, dtype=np.int64)[present]
+    merged = 0
+    while len(counts) > 1 and counts.min() < floor:
+        small = int(np.argmin(counts))
+        centres = sums / counts[:, None]
+        distances = ((centres - centres[small]) ** 2).sum(1)
+        distances[small] = np.inf
+        into = int(np.argmin(distances))
+        sums[into] += sums[small]
+        counts[into] += counts[small]
+        sums, counts = np.delete(sums, small, axis=0), np.delete(counts, small)
+        merged += 1
+    return sums, counts, merged
+
+
 def floored_kmeans(
     points: np.ndarray, k_local: int, seed: int, floor: int, n_init: int = 10
 ) -> tuple[np.ndarray, np.ndarray, int]:

@@ -3,6 +3,8 @@
     python -m simulation.bench.scale [--sizes 100000 1000000 10000000] [--work DIR] [--plot docs/scale.png]
     python -m simulation.bench.scale --deploy 1000000 [--rounds 6]
     python -m simulation.bench.scale --embeddings 2000
+    python -m simulation.bench.scale --capped 4400000 [--sites 2 --width 128 --cap-mb 1024]
+    python -m simulation.bench.scale --local-kmeans 250000
 
 For each n it writes 4 Parquet files (`make_blobs`: 32 float32 features, 20 centres, a `label` column;
 each site drawn around the same centres), then runs, each as its own process (one process tree):
@@ -16,6 +18,11 @@ rounds, final report for the federated runs, from summary.json) and the peak RSS
 `--deploy N`: a loopback deployment (`deploy/run_local.py`: a SuperLink and 3 SuperNodes, each reading
 only its own N-record file, so every message's ClientApp process maps the node's parsed-array cache)
 of FFCM against `bench-echo` on the same files with FFCM's payload: the median of rounds 2 .. R-1.
+`--capped N [--sites 2 --width 128 --cap-mb 1024]`: k-FED and FFCM on files larger than the memory the run
+may take (`prlimit --data`, RLIMIT_DATA), written a row group at a time; wall, peak RSS (and its anonymous
+and file-backed parts) and NMI.
+`--local-kmeans N`: k-FED's local step on one site that fits, today's whole k-means against the sampled
+one with exact chunked passes (seconds, NMI), on N blobs and MNIST.
 `--embeddings N`: texts/s of fedapp's encoding path and of sentence-transformers' `encode` called
 directly, same titles, batch size 64 and model.
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -38,6 +46,7 @@ import numpy as np
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SITES, FEATURES, CENTRES = 4, 32, 20
 FFCM_ROUNDS = 10
+LARGE_ROW_GROUP = 65_536  # `generate_large`: 32 MiB a row group at 128 float32 features
 
 
 def generate(n: int, folder: Path, sites: int = SITES, seed: int = 0) -> str:
@@ -117,6 +126,127 @@ def run_size(n: int, work: Path) -> dict[str, dict[str, Any]]:
     rows["kfed"] = federated_row([*base, "--method", "kfed"], folder / "out-kfed")
     ffcm = [*base, "--method", "ffcm", "--rounds", str(FFCM_ROUNDS)]
     rows["ffcm"] = federated_row(ffcm, folder / "out-ffcm")
+    return rows
+
+
+def generate_large(n: int, folder: Path, sites: int, width: int, seed: int = 0) -> str:
+    """`sites` Parquet files of n records in all, `width` float32 features around `CENTRES` centres
+    (make_blobs' box and unit spread), written one row group of `LARGE_ROW_GROUP` records at a time: the
+    files may be larger than this machine's memory (a Parquet reader holds about one row group's pages).
+    Made once per folder; returns the source spec."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(-10.0, 10.0, (CENTRES, width)).astype(np.float32)
+    fields = [*(pa.field(f"f{j}", pa.float32()) for j in range(width)), pa.field("label", pa.int64())]
+    schema = pa.schema(fields)
+    for site, size in enumerate(np.array_split(np.arange(n), sites)):
+        path = folder / f"site-{site}.parquet"
+        if path.exists():
+            continue
+        with pq.ParquetWriter(path.with_suffix(".tmp"), schema, use_dictionary=False) as writer:
+            for start in range(0, len(size), LARGE_ROW_GROUP):
+                labels = rng.integers(0, CENTRES, min(LARGE_ROW_GROUP, len(size) - start))
+                block = centres[labels] + rng.standard_normal((len(labels), width), dtype=np.float32)
+                columns = [pa.array(block[:, j]) for j in range(width)] + [pa.array(labels)]
+                writer.write_batch(pa.record_batch(columns, schema=schema))
+        path.with_suffix(".tmp").rename(path)
+    return f"parquet:{folder}/site-{{partition-id}}.parquet"
+
+
+def capped_row(n: int, sites: int, width: int, cap_mb: int, work: Path, method: str) -> dict[str, Any]:
+    """One in-process run under `prlimit --data` (RLIMIT_DATA: the heap, anonymous and private writable
+    maps, thread stacks - what a copy of the data would need; a read-only file map such as the node
+    cache's is not counted, and its pages are the page cache's to drop). Peak RSS and its anonymous part
+    are sampled every 0.5 s from /proc; the run fails with MemoryError if it needs more than the cap."""
+    from simulation.bench.rounds import _set_args
+
+    folder = work / f"capped-n{n}-s{sites}-d{width}"
+    spec = generate_large(n, folder, sites, width)
+    out = folder / f"out-{method}-cap{cap_mb}"
+    command = ["prlimit", f"--data={cap_mb << 20}", "--", sys.executable, "-m", "simulation", "run"]
+    command += ["--dataset", spec, "--clients", str(sites), "--engine", "inprocess", "--method", method]
+    command += [*_set_args({"k": CENTRES, "label-column": "label"}), "--out", str(out), "--overwrite"]
+    if method == "ffcm":
+        command += ["--rounds", str(FFCM_ROUNDS)]
+    started = time.monotonic()
+    # Arrow's default allocator (mimalloc) reserves 1 GiB of address space up front, never touched but
+    # counted by RLIMIT_DATA: the system allocator reserves nothing (what a capped user would set too)
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"}
+    process = subprocess.Popen(
+        command, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
+    peaks = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "VmData": 0}
+    while process.poll() is None:
+        try:
+            lines = Path(f"/proc/{process.pid}/status").read_text().splitlines()
+        except OSError:
+            break
+        for line in lines:
+            key, _, value = line.partition(":")
+            if key in peaks:
+                peaks[key] = max(peaks[key], int(value.split()[0]) // 1024)
+        time.sleep(0.5)
+    stderr = process.communicate()[1]
+    wall = time.monotonic() - started
+    if process.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed: {stderr.decode()[-3000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    site_bytes = max(path.stat().st_size for path in folder.glob("site-*.parquet"))
+    return {
+        "method": method,
+        "n": n,
+        "sites": sites,
+        "width": width,
+        "site_file_mb": site_bytes >> 20,
+        "cap_mb": cap_mb,
+        "wall_s": wall,
+        "peak_rss_mb": peaks["VmRSS"],
+        "peak_anon_mb": peaks["RssAnon"],
+        "peak_file_mb": peaks["RssFile"],
+        "peak_data_mb": peaks["VmData"],  # what RLIMIT_DATA counts
+        "nmi": summary["metrics"].get("nmi"),
+        "command": "ARROW_DEFAULT_MEMORY_POOL=system " + " ".join(command),
+    }
+
+
+def local_kmeans_ab(n: int, data_dir: Path, seeds: int = 3) -> list[dict[str, Any]]:
+    """k-FED's local step on one site that fits in memory, today's whole k-means (`floored_kmeans`, one
+    restart: the auto setting above 50,000 records) against the sampled one (`local_centres` above
+    `LOCAL_SAMPLE`): seconds and NMI to the labels, per seed, on float32 blobs (unit and 4x spread) of
+    n x 32 and on MNIST's 70,000 x 784 as one site."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    from clients.kfed import local_centres
+    from fedapp.datasets import load_dataset
+    from fedapp.maths.clustering import nearest_centre
+    from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, floored_kmeans
+
+    centres = np.random.default_rng(0).uniform(-10.0, 10.0, (CENTRES, FEATURES))
+    sets: list[tuple[str, np.ndarray, np.ndarray, int]] = []
+    for spread in (1.0, 4.0):
+        rng = np.random.default_rng(1)
+        truth = rng.integers(0, CENTRES, n)
+        X = (centres[truth] + spread * rng.standard_normal((n, FEATURES))).astype(np.float32)
+        sets.append((f"blobs {n} x {FEATURES}, spread {spread:g}", X, truth, CENTRES))
+    if (data_dir / "mnist").exists():
+        mnist = load_dataset("mnist", data_dir)
+        sets.append(("MNIST 70,000 x 784", mnist.features.astype(np.float32), mnist.y, mnist.n_classes))
+    rows = []
+    for name, X, truth, k in sets:
+        for seed in range(seeds):
+            for path in ("whole", "sampled"):
+                started = time.perf_counter()
+                if path == "whole":
+                    found = floored_kmeans(X, k, seed, CLIENT_MIN_CLUSTER, n_init=1)[0]
+                else:
+                    found = local_centres(X, k, seed, restarts=1)[0]
+                seconds = time.perf_counter() - started
+                nmi = normalized_mutual_info_score(truth, nearest_centre(X, found))
+                rows.append({"data": name, "seed": seed, "path": path, "seconds": seconds, "nmi": nmi})
+                print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -234,6 +364,19 @@ def main() -> None:
     parser.add_argument(
         "--embeddings", type=int, metavar="N", help="text throughput on N StackOverflow titles"
     )
+    parser.add_argument(
+        "--capped",
+        type=int,
+        metavar="N",
+        help="k-FED and FFCM on N records of --width features in --sites files, under a --cap-mb RLIMIT_DATA",
+    )
+    parser.add_argument("--sites", type=int, default=2, help="--capped: files (clients), default 2")
+    parser.add_argument("--width", type=int, default=128, help="--capped: features, default 128")
+    parser.add_argument("--cap-mb", type=int, default=1024, help="--capped: RLIMIT_DATA in MiB, default 1024")
+    parser.add_argument("--methods", nargs="+", default=["kfed", "ffcm"], help="--capped: which runs")
+    parser.add_argument(
+        "--local-kmeans", type=int, metavar="N", help="k-FED's local step, whole against sampled, on N blobs"
+    )
     parser.add_argument("--data-dir", type=Path, default=PROJECT_ROOT.parent / "shared" / "data")
     parser.add_argument("--pooled", type=Path, help=argparse.SUPPRESS)  # the baseline's child process
     args = parser.parse_args()
@@ -243,7 +386,15 @@ def main() -> None:
     if args.embeddings:
         print(json.dumps(embedding_throughput(args.embeddings, args.data_dir), indent=1))
         return
+    if args.local_kmeans:
+        local_kmeans_ab(args.local_kmeans, args.data_dir)
+        return
     work = args.work or Path(tempfile.mkdtemp(prefix="fedapp-scale-"))
+    if args.capped:
+        for method in args.methods:
+            row = capped_row(args.capped, args.sites, args.width, args.cap_mb, work, method)
+            print(json.dumps(row, indent=1), flush=True)
+        return
     if args.deploy:
         row = deploy_row(args.deploy, work, args.rounds)
         print(json.dumps(row, indent=1))
