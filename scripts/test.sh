@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q --durations=15 "$@"
+# two workers (pytest-xdist), one test file each at a time: every run has its own ports, FLWR_HOME and
+# folders; FEDAPP_TEST_WORKERS=0 runs them in this process, one after another
+.venv/bin/python -m pytest -q -n "${FEDAPP_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"

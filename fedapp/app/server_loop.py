@@ -92,16 +92,9 @@ class ReportStages(Protocol):
         ...
 
 
-class ChoiceStage(Protocol):
-    """`select = best`'s one scoring message before the report (`strategies.keep.ModelChoice`)."""
-
-    def configure(self, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]: ...
-
-    def aggregate(
-        self,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> None: ...
+class SecureSums(Protocol):
+    """A message of sums that can go through SecAgg+ (`secure_tries`): asked at a public `scale`, taken
+    as SECURE_DONE, SECURE_RETRY (SecAgg+ would clip: a smaller scale) or SECURE_STOP."""
 
     def configure_secure(
         self, client_manager: ClientManager, scale: float
@@ -115,10 +108,22 @@ class ChoiceStage(Protocol):
         last_try: bool,
     ) -> str: ...
 
+
+class ChoiceStage(SecureSums, Protocol):
+    """`select = best`'s one scoring message before the report (`strategies.keep.ModelChoice`)."""
+
+    def configure(self, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]: ...
+
+    def aggregate(
+        self,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> None: ...
+
     def abandon(self, why: str) -> None: ...
 
 
-class KChoiceStages(Protocol):
+class KChoiceStages(SecureSums, Protocol):
     """Choosing k before round 1 (`strategies.k_choice.KChoice`): two rounds, the second maybe secure."""
 
     def configure(
@@ -131,18 +136,6 @@ class KChoiceStages(Protocol):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> bool: ...
-
-    def configure_secure(
-        self, client_manager: ClientManager, scale: float
-    ) -> list[tuple[ClientProxy, FitIns]]: ...
-
-    def aggregate_secure(
-        self,
-        results: list[tuple[ClientProxy, FitRes]],
-        failures: list[tuple[ClientProxy, FitRes] | BaseException],
-        scale: float,
-        last_try: bool,
-    ) -> str: ...
 
 
 @runtime_checkable
