@@ -8,7 +8,7 @@ keywords; then `OUT/model/` is written. A client that fails the report is named 
 
 Plain, SecAgg+ and differentially private runs differ only in how a stage's statistics arrive: as every
 client's own (`aggregate`), as SecAgg+ totals (`configure_secure` / `aggregate_secure`, driven by
-`fedapp.app.server_loop.run_secure_report`) or as noisy releases (`dp.report`). `strategies.report_intake`
+`fedapp.app.secure_loop.run_secure_report`) or as noisy releases (`dp.report`). `strategies.report_intake`
 turns each into one shape, which `merge_assignments` / `merge_distances` take the same way; metrics from
 noisy totals are clamped and marked `noisy`.
 

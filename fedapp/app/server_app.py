@@ -10,7 +10,8 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
-from fedapp.app.server_loop import CountingGrid, FedappServer, run_secure
+from fedapp.app.secure_loop import run_secure
+from fedapp.app.server_loop import CountingGrid, FedappServer
 from fedapp.config.run import ConfigError, RunConfig, parse_run_config
 from fedapp.methods import load_class, method_spec
 from fedapp.report.records import PROGRESS_MARKER

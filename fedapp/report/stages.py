@@ -15,7 +15,7 @@ server side `strategies/report.py`):
 No per-record value crosses the wire in either message.
 
 **Under SecAgg+** (run-config `secagg`) both stages are *fit* messages aggregated by Flower's SecAgg+
-(`fedapp.app.server_loop.run_secure_report`): the client returns its summable statistics as arrays
+(`fedapp.app.secure_loop.run_secure_report`): the client returns its summable statistics as arrays
 (`secure_assign_arrays`, `secure_distance_arrays`, sums over n as `fedapp.privacy.secagg` encodes them), and
 the server learns only their totals. Per client in the clear: its row count (SecAgg+'s weight), its
 score kind, the number of clusters its privacy floor withheld (zeros in those rows of the sums) and the
