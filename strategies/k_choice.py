@@ -51,14 +51,13 @@ from fedapp.maths.selection import (
     view_consensus,
 )
 from fedapp.methods import method_spec
-from fedapp.privacy.secagg import CLIPPED_KEY
 from fedapp.report.records import PROGRESS_MARKER
 from fedapp.report.selection_files import write_selection
 from fedapp.report.stages import SECURE_DONE, SECURE_RETRY, SECURE_STOP
 from fedapp.wire import decode_array, decode_arrays
 from strategies.records import RunRecord
 from strategies.replies import describe_failure
-from strategies.report_intake import secure_totals
+from strategies.report_intake import clipped_or_retry, secure_totals
 from strategies.roster import ClientRoster
 
 Failures = list[tuple[ClientProxy, Any] | BaseException]
@@ -99,7 +98,7 @@ class KChoice:
     @property
     def wanted(self) -> bool:
         """The run's k is open and not yet chosen (a resumed run chose it before its checkpoint)."""
-        return may_select(self.host.cfg) and self.chosen is None and not self.summary
+        return may_select(self.host.cfg) and not self.summary  # set by a choice, a skip or a checkpoint
 
     # ------------------------------------------------------------------------------ the two rounds
     def configure(self, phase: str, client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
@@ -164,9 +163,8 @@ class KChoice:
         self._note_failures(PHASE_STATISTICS, failures)
         if not results:
             return SECURE_STOP
-        clipped = sum(int(res.metrics.get(CLIPPED_KEY, 0)) for _, res in results)  # type: ignore[call-overload]
-        if clipped and not last_try:
-            log(INFO, "k selection: SecAgg+ would clip %d values at scale %g; again", clipped, scale)
+        clipped = clipped_or_retry(results, "k selection", scale, last_try)
+        if clipped is None:
             return SECURE_RETRY
         if clipped:
             self.host.warn(f"k selection: SecAgg+ clipped {clipped} values even at scale {scale:g}")

@@ -23,7 +23,6 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config.run import RunConfig
 from fedapp.metrics.contingency import clustering_metrics
-from fedapp.privacy.secagg import CLIPPED_KEY
 from fedapp.report.keep import (
     CANDIDATE_SUMS_KEY,
     CANDIDATES,
@@ -45,7 +44,7 @@ from strategies.k_choice import KChoice
 from strategies.privacy import PrivacyLayer
 from strategies.records import RunRecord
 from strategies.replies import describe_failure
-from strategies.report_intake import secure_totals
+from strategies.report_intake import clipped_or_retry, secure_totals
 from strategies.roster import ClientRoster
 
 Failures = list[tuple[ClientProxy, EvaluateRes] | BaseException]
@@ -155,9 +154,8 @@ class ModelChoice:
         if not results:
             self.summary = {"kept": "final", "why": "no client scored the candidates"}
             return SECURE_STOP
-        clipped = sum(int(res.metrics.get(CLIPPED_KEY, 0)) for _, res in results)  # type: ignore[call-overload]
-        if clipped and not last_try:
-            log(INFO, "model choice: SecAgg+ would clip %d values at scale %g; again", clipped, scale)
+        clipped = clipped_or_retry(results, "model choice", scale, last_try)
+        if clipped is None:
             return SECURE_RETRY
         try:
             if clipped:

@@ -50,7 +50,6 @@ from fedapp.metrics.label_free import (
     pooled_means,
 )
 from fedapp.privacy.dp import clip_rows
-from fedapp.privacy.secagg import CLIPPED_KEY
 from fedapp.report.assignments import SCORE_KINDS
 from fedapp.report.model_store import MODEL_DIR, write_model
 from fedapp.report.records import PROGRESS_MARKER
@@ -70,6 +69,7 @@ from strategies.records import RunRecord
 from strategies.replies import describe_failure
 from strategies.report_intake import (
     Assignments,
+    clipped_or_retry,
     largest_rounding,
     noisy_assignments,
     noisy_distances,
@@ -248,15 +248,8 @@ class FinalReport:
             self.summary.setdefault("problems", {})[stage] = missing
         if not results:
             return SECURE_STOP
-        clipped = sum(int(res.metrics.get(CLIPPED_KEY, 0)) for _, res in results)  # type: ignore[call-overload]
-        if clipped and not last_try:
-            log(
-                INFO,
-                "final report (%s): SecAgg+ would clip %d values at scale %g; again",
-                stage,
-                clipped,
-                scale,
-            )
+        clipped = clipped_or_retry(results, f"final report ({stage})", scale, last_try)
+        if clipped is None:
             return SECURE_RETRY
         if clipped:
             self.host.privacy.note_clipped(f"final report ({stage})", clipped)

@@ -12,7 +12,7 @@ is a `ReplyError`, logged and left out (inside a secure sum it cannot be left ou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from fedapp.metrics.label_free import (
     approximate_distance_sums,
     merge_distance_sums,
 )
+from fedapp.privacy.secagg import CLIPPED_KEY
 from fedapp.report.stages import (
     DISTANCES_KEY,
     NOISY_ASSIGN,
@@ -161,6 +162,18 @@ def plain_distances(results: Replies, reporters: dict[int, str], vertical: bool)
 
 
 # ------------------------------------------------------------------------------------ SecAgg+
+def clipped_or_retry(
+    results: list[tuple[ClientProxy, FitRes]], what: str, scale: float, last_try: bool
+) -> int | None:
+    """How many values SecAgg+ clipped in a secure exchange of sums; None (and a log line) when they
+    should rather be asked again at a smaller public scale (`fedapp.app.secure_loop.secure_tries`)."""
+    clipped = sum(int(res.metrics.get(CLIPPED_KEY, 0)) for _, res in results)  # type: ignore[call-overload]
+    if clipped and not last_try:
+        log(INFO, "%s: SecAgg+ would clip %d values at scale %g; again", what, clipped, scale)
+        return None
+    return clipped
+
+
 def secure_totals(results: list[tuple[ClientProxy, FitRes]]) -> list[np.ndarray]:
     """The sums SecAgg+ hands every reply as one weighted average, times the total weight."""
     weight = sum(int(res.num_examples) for _, res in results)
