@@ -458,7 +458,7 @@ class FSTCClient(ClusteringClient):
         if init == "representations":  # the paper's: per-sample vectors leave the client
             arrays = [representations.astype(np.float32)]
         else:
-            k_local = self.params.init_local_k or 2 * self.k
+            k_local = self.params.local_centres(self.k)
             arrays = local_kmeans_summary(representations, k_local, self.seed, self.floor)
         return self.uplink.send(arrays, [CLEAR] * len(arrays), self.data.n_samples, identity)
 

@@ -10,6 +10,8 @@ File layout (see simulation/experiments/*.toml):
 
     [defaults]                    # run-config keys shared by every run
     dataset = "mnist"
+    [defaults.fstc]               # a method's own keys: only for the runs whose method reads them
+    init-merge = "weighted"
 
     [[runs]]
     label = "k-FED p=0"           # a row of the table
@@ -35,8 +37,9 @@ from flwr.common.config import flatten_dict
 from fedapp.config.run import ConfigError, parse_run_config
 from fedapp.launch.options import ClientResources
 from fedapp.launch.outputs import describe, earlier_outputs
-from fedapp.launch.presets import apply_preset
+from fedapp.launch.presets import apply_preset, load_preset
 from fedapp.launch.resolve import ResolvedRun, build_overrides, validate
+from fedapp.methods import METHODS, config_tables, method_spec
 from simulation.runner import RunError, execute
 
 DEFAULT_METRICS = ("acc", "nmi", "ari", "purity", "kappa")
@@ -77,8 +80,8 @@ def load_experiment(path: Path) -> Experiment:
         label = str(entry.pop("label", f"run{index}"))
         paper = {str(k): float(v) for k, v in dict(entry.pop("paper", {})).items()}
         preset = entry.pop("preset", defaults.get("preset"))
-        keys = flatten_dict({k: v for k, v in {**defaults, **entry}.items() if k != "preset"})
         try:  # every run's configuration is checked before the first run starts
+            keys = run_keys(defaults, entry, preset)
             overrides = apply_preset(preset, keys)
             parse_run_config(overrides)
         except ConfigError as exc:
@@ -91,6 +94,19 @@ def load_experiment(path: Path) -> Experiment:
         metrics=[str(m) for m in head.get("metrics", DEFAULT_METRICS)],
         runs=runs,
     )
+
+
+def run_keys(defaults: Mapping[str, Any], entry: Mapping[str, Any], preset: str | None) -> dict[str, Any]:
+    """One run's flat keys: [defaults] under the row's own, key by key (a row's `fstc.lambda` leaves the
+    other `[defaults.fstc]` keys in place). A method's own table under [defaults] reaches only the runs
+    whose method reads it, so one file can pin FSTC's keys beside baselines that have none."""
+    shared = flatten_dict({k: v for k, v in defaults.items() if k != "preset"})
+    own = flatten_dict({k: v for k, v in entry.items() if k != "preset"})
+    method = own.get("method", shared.get("method")) or (load_preset(preset).method if preset else None)
+    own_table = method_spec(method).config_table if method in METHODS else None
+    other_tables = set(config_tables()) - {own_table}
+    shared = {k: v for k, v in shared.items() if k.partition(".")[0] not in other_tables or "." not in k}
+    return {**shared, **own}
 
 
 def run_dir(out_root: Path, label: str, seed: int) -> Path:

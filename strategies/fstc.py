@@ -45,6 +45,7 @@ from fedapp.methods.fstc import (
     CENTRES_KEY,
     FINAL_KEY,
     INIT_KEY,
+    INIT_MERGE_WEIGHTED,
     MODEL_KEY,
     PHASE_INIT,
     PHASE_LLOYD,
@@ -291,8 +292,9 @@ class FSTCStrategy(ClusteringStrategy):
             self.centres = centres_from_moments(mean, mean_square, self.k, self.cfg.seed)
         else:
             points = [r.arrays[0] for r in replies]
-            if self.init == "centres":
-                weights = [r.arrays[1] for r in replies]
+            sizes = [r.arrays[1] for r in replies] if self.init == "centres" else None
+            if self.params.init_merge == INIT_MERGE_WEIGHTED:  # else k-FED's unweighted union
+                weights = sizes
             n_points = sum(len(p) for p in points)
             if n_points < self.k:
                 self.warn(
@@ -301,8 +303,8 @@ class FSTCStrategy(ClusteringStrategy):
                     f"{self.k - n_points} initial centres are seeded draws from their mean and variance"
                 )
             self.centres = initial_centres(points, weights, self.k, self.cfg.seed)
-            if weights is not None and min(len(p) for p in points) >= self.k:  # fewer: shares too coarse
-                self.note_site_skew(points, weights)
+            if sizes is not None and min(len(p) for p in points) >= self.k:  # fewer: shares too coarse
+                self.note_site_skew(points, sizes)
         with torch.random.fork_rng(devices=[]):  # Alg. 2 line 1: one initial model for every client
             torch.manual_seed(self.cfg.seed)
             model = fstc_model(self.params, self.k, self.centres.shape[1], self.cfg.embedding_model, "cpu")

@@ -44,7 +44,9 @@ def test_the_rule_follows_each_methods_initialisation(keys: dict[str, object], e
 
 def test_text_methods_rules() -> None:
     texts = {"dataset": "texts-demo"}
-    assert _rule(4, method="fstc", **texts) == FloorRule(True, 8, capped=True)  # 2K, padded by the server
+    assert _rule(4, method="fstc", **texts) == FloorRule(True, 4, capped=True)  # K, padded by the server
+    weighted = {"fstc.init-merge": "weighted"}
+    assert _rule(4, method="fstc", **weighted, **texts) == FloorRule(True, 8, capped=True)  # 2K
     assert _rule(4, method="fstc", **{"fstc.init": "representations"}, **texts) == FloorRule()
     assert _rule(4, method="fstc", secagg=True, **texts) == FloorRule()  # moments
     assert _rule(4, method="fsccl", **{"fsccl.init-local-k": 5}, **texts) == FloorRule(True, 5, capped=True)

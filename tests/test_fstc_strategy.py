@@ -80,10 +80,14 @@ def test_round_one_asks_for_local_centres_and_builds_centres_and_model(tmp_path:
     instructions = strategy.configure_fit(1, strategy.initialize_parameters(manager), manager)
     assert [ins.config["phase"] for _, ins in instructions] == ["init"] * 3
     strategy = _initialised(tmp_path)
-    assert strategy.centres is not None
-    expected = [[0.0, 2.0 / 5], [0.0, 11.0], [10.0, 0.5]]
+    assert strategy.centres is not None  # the default, FSBERT k-FED's merge: the local centres unweighted
+    expected = [[0.0, 1.0], [0.0, 11.0], [10.0, 1.0]]
     np.testing.assert_allclose(_sorted_rows(strategy.centres), _sorted_rows(np.array(expected)), atol=1e-12)
     assert strategy.initial_model is not None and strategy.schema is not None
+    weighted = _initialised(tmp_path, **{"fstc.init-merge": "weighted"}).centres  # the paper presets'
+    assert weighted is not None
+    expected = [[0.0, 2.0 / 5], [0.0, 11.0], [10.0, 0.5]]
+    np.testing.assert_allclose(_sorted_rows(weighted), _sorted_rows(np.array(expected)), atol=1e-12)
     assert not strategy.should_evaluate(1)
 
 

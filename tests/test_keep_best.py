@@ -138,6 +138,23 @@ def test_fstc_keeps_its_start_when_training_wrecks_it(tmp_path: Path, text_embed
     assert predicted.read_bytes() == (out / "nodes" / "0" / "assignments.csv").read_bytes()
 
 
+def test_fstcs_start_is_fsbert_kfeds_clustering(tmp_path: Path, text_embedding_cache: None) -> None:
+    """The start `select = best` falls back on is the one-shot private baseline itself (K local centres a
+    client, unweighted k-means over their union), so keeping it can never trail FSBERT k-FED; the paper
+    presets' `init-merge = weighted` start sends 2K a client."""
+    common = {"dataset": "texts-demo", "num-clients": SITES, "seed": 0}
+    kfed = _run(tmp_path / "fsbert-kfed", {**common, "method": "fsbert-kfed"})["metrics"]
+    runs = {
+        merge: _run(tmp_path / f"fstc-{merge}", {**common, "num-rounds": 2, "fstc.init-merge": merge})
+        for merge in ("kfed", "weighted")
+    }
+    start = runs["kfed"]["report"]["select"]["labelled"]["start"]
+    for metric in ("acc", "nmi", "ari"):
+        assert start[metric] == pytest.approx(kfed[metric], abs=1e-9)
+    init_upload = {merge: run["comm_bytes"]["per_round"]["1"]["up"] for merge, run in runs.items()}
+    assert init_upload["weighted"] > 1.5 * init_upload["kfed"]  # 2K centres a client against K
+
+
 def test_select_final_keeps_the_last_model_and_scores_nothing(
     tmp_path: Path, text_embedding_cache: None
 ) -> None:

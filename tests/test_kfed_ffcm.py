@@ -273,6 +273,22 @@ def test_experiment_file_runs_every_seed_and_writes_a_table(tmp_path: Path) -> N
     assert (tmp_path / "out" / "k-FED-s1" / "summary.json").exists()
 
 
+def test_a_methods_own_defaults_reach_only_its_runs(tmp_path: Path) -> None:
+    """`[defaults.fstc]` pins FSTC's keys in a file whose other rows are baselines without them."""
+    spec = tmp_path / "mixed.toml"
+    spec.write_text(
+        '[experiment]\nname = "mixed"\n[defaults]\ndataset = "texts-demo"\n'
+        '[defaults.fstc]\ninit-merge = "weighted"\nlambda = 0.5\n'
+        '[[runs]]\nlabel = "kfed"\nmethod = "fsbert-kfed"\n'
+        '[[runs]]\nlabel = "fstc"\nmethod = "fstc"\nfstc.lambda = 2.0\n'
+        '[[runs]]\nlabel = "stc"\nmethod = "fstc-stc"\n'
+    )
+    runs = {run.label: run.overrides for run in load_experiment(spec).runs}
+    assert not any(key.startswith("fstc.") for key in runs["kfed"])
+    assert runs["fstc"]["fstc.init-merge"] == "weighted" and runs["fstc"]["fstc.lambda"] == 2.0  # row wins
+    assert runs["stc"]["fstc.init-merge"] == "weighted" and runs["stc"]["fstc.lambda"] == 0.5
+
+
 SIMULATION_DIR = Path(__file__).resolve().parents[1] / "simulation"
 SHIPPED_EXPERIMENTS = sorted(path for path in SIMULATION_DIR.rglob("*.toml") if "presets" not in path.parts)
 

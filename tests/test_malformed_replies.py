@@ -210,7 +210,7 @@ def ccfc_cluster(tmp_path: Path) -> tuple[Any, int, list[Result]]:
     return strategy, 4, _ccfc_replies(strategy, 4, seed=10)
 
 
-# FSTC: round 1 = local k-means centres (2K per client) + their sizes; rounds 2 .. num-rounds = K x D
+# FSTC: round 1 = local k-means centres (K per client) + their sizes; rounds 2 .. num-rounds = K x D
 # local centres + K sizes summing to the client's sample count; the last round adds the client's model.
 FSTC_KEYS = {"num-clients": 3, "num-rounds": 3, "fstc.adapter-hidden": 4}
 

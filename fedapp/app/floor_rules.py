@@ -11,7 +11,8 @@ client code does it (k' = the local centres a client of n records sends in the i
   the merge fails below k. With moments (`init = moments`, SecAgg+, DP): below the floor nothing, no
   local centres.
 - `fstc` and its ablations with `init = centres` (no SecAgg+, no DP), `fsccl`: below the floor nothing;
-  k' = min(init-local-k or 2K, n // floor); the server pads below K (with a warning), so any total works.
+  k' = min(init-local-k or K (2K with init-merge = weighted), n // floor); the server pads below K (with a
+  warning), so any total works.
 - `ccfc`: below the floor nothing (its local centroids, from the last pre-training round on); always k
   merged centroids per client.
 - `fstc` with moments or representations, `gfedntm`, the vertical methods, `bench-echo`: a small client
@@ -74,7 +75,7 @@ def floor_rule(cfg: RunConfig, k: int) -> FloorRule:
         params = cfg.params(FSTCConfig)
         if params.init != "centres" or sums_only:
             return FloorRule()
-        return FloorRule(True, params.init_local_k or 2 * k, capped=True)
+        return FloorRule(True, params.local_centres(k), capped=True)
     if method == "fsccl":
         return FloorRule(True, cfg.params(FSCCLConfig).init_local_k or 2 * k, capped=True)
     if method == "ccfc":

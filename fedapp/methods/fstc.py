@@ -35,6 +35,8 @@ from fedapp.privacy.secagg import CENTRES, SUM, model_modes
 
 ENCODER_MODES = ("frozen", "fine-tune")
 INIT_MODES = ("centres", "representations", "moments")
+INIT_MERGE_KFED, INIT_MERGE_WEIGHTED = "kfed", "weighted"
+INIT_MERGES = (INIT_MERGE_KFED, INIT_MERGE_WEIGHTED)
 LOSS_TARGETS = ("scores", "softmax")
 RESIDUAL_TARGETS = ("loss-on", *LOSS_TARGETS)
 AUGMENTATIONS = ("none", "pairs")
@@ -146,7 +148,15 @@ class FSTCConfig(ConfigSection):
         doc="centres: local k-means centres + counts (private); representations: the paper's, per-sample; "
         "moments: mean + variance, K seeded draws (a sum: the only option with secagg)",
     )
-    init_local_k: int = config_key(0, ge=0, doc="local k-means centres per client in init=centres; 0 = 2K")
+    init_local_k: int = config_key(
+        0, ge=0, doc="local k-means centres per client (init=centres); 0 = K (init-merge=kfed), 2K (weighted)"
+    )
+    init_merge: str = config_key(
+        INIT_MERGE_KFED,
+        choices=INIT_MERGES,
+        doc="init=centres: kfed = k-means over the union of the local centres, unweighted (FSBERT k-FED's "
+        "clustering is the run's start); weighted = weighted by their sizes (the paper presets')",
+    )
     secure_lloyd: int = config_key(
         5,
         ge=0,
@@ -166,6 +176,10 @@ class FSTCConfig(ConfigSection):
         """Under DP, whether the last round releases the trained model (`dp-labels = model`); the
         accountant's plan (`FSTC_DP`) has one release more then."""
         return self.dp_labels == DP_LABELS_MODEL
+
+    def local_centres(self, k: int) -> int:
+        """k' of the init round's local k-means: configured, else K as FSBERT k-FED's (2K weighted)."""
+        return self.init_local_k or (k if self.init_merge == INIT_MERGE_KFED else 2 * k)
 
     def __post_init__(self) -> None:
         if self.contrastive > 0 and self.augment != "pairs":
