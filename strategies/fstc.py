@@ -81,6 +81,9 @@ def training_row(server_round: int, replies: list[ClientReply]) -> dict[str, flo
     return row
 
 
+INIT_SOURCES = {"representations": "representations", "moments": "representation moments"}
+
+
 class FSTCStrategy(ClusteringStrategy):
     """See the module docstring. Variants without centre aggregation set `align = False`."""
 
@@ -286,15 +289,12 @@ class FSTCStrategy(ClusteringStrategy):
 
     def initialise(self, replies: list[ClientReply]) -> Parameters:
         assert self.k is not None  # _validated rejects every reply while k is unknown
-        weights: list[np.ndarray] | None = None
         if self.init == "moments":  # sums only (SecAgg+, DP): K seeded draws from the federated moments
             mean, mean_square = self.privacy.moments(replies)
             self.centres = centres_from_moments(mean, mean_square, self.k, self.cfg.seed)
         else:
             points = [r.arrays[0] for r in replies]
             sizes = [r.arrays[1] for r in replies] if self.init == "centres" else None
-            if self.params.init_merge == INIT_MERGE_WEIGHTED:  # else k-FED's unweighted union
-                weights = sizes
             n_points = sum(len(p) for p in points)
             if n_points < self.k:
                 self.warn(
@@ -302,6 +302,7 @@ class FSTCStrategy(ClusteringStrategy):
                     f"{self.privacy.floor_size} records caps each client's): the other "
                     f"{self.k - n_points} initial centres are seeded draws from their mean and variance"
                 )
+            weights = sizes if self.params.init_merge == INIT_MERGE_WEIGHTED else None  # kfed: unweighted
             self.centres = initial_centres(points, weights, self.k, self.cfg.seed)
             if sizes is not None and min(len(p) for p in points) >= self.k:  # fewer: shares too coarse
                 self.note_site_skew(points, sizes)
@@ -310,15 +311,8 @@ class FSTCStrategy(ClusteringStrategy):
             model = fstc_model(self.params, self.k, self.centres.shape[1], self.cfg.embedding_model, "cpu")
         self.schema = state_schema(model)
         self.initial_model = state_arrays(model)
-        log(
-            INFO,
-            "FSTC: %d initial centres from %d clients' %s",
-            self.k,
-            len(replies),
-            {"representations": "representations", "moments": "representation moments"}.get(
-                self.init, "local k-means centres"
-            ),
-        )
+        source = INIT_SOURCES.get(self.init, "local k-means centres")
+        log(INFO, "FSTC: %d initial centres from %d clients' %s", self.k, len(replies), source)
         return ndarrays_to_parameters([self.centres])
 
     def note_site_skew(self, points: list[np.ndarray], weights: list[np.ndarray]) -> None:
