@@ -177,3 +177,22 @@ def test_ffcm_scores_both_candidates_on_labelled_data(tmp_path: Path) -> None:
     kept = select["labelled"][select["kept"]]
     assert summary["metrics"]["nmi"] == pytest.approx(kept["nmi"])
     assert all(score > 0 for score in select["scores"].values())
+
+
+def test_select_table_reads_the_scores_and_compares_with_a_baseline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulation.bench.select_table import main
+
+    select = {
+        "kept": "start",
+        "scores": {"start": 200.0, "final": 190.0},
+        "labelled": {"start": {"nmi": 0.5}, "final": {"nmi": 0.4}},
+    }
+    for root, summary in (("runs", {"report": {"select": select}}), ("kfed", {"metrics": {"nmi": 0.52}})):
+        (tmp_path / root / "so").mkdir(parents=True)
+        (tmp_path / root / "so" / "summary.json").write_text(json.dumps(summary))
+    main([str(tmp_path / "runs" / "so"), "--margin", "0.1", "--baseline", str(tmp_path / "kfed")])
+    row = capsys.readouterr().out.splitlines()[-1]
+    # 190 / 200 = 0.95: kept start at the default margin, the final at 10 %; kept 50.00 against 52.00
+    assert row == "| so | 200.0 | 190.0 | 0.950 | 50.00 | 40.00 | start | final | 50.00 | 52.00 | -2.00 |"
