@@ -36,8 +36,8 @@ FSTC_WHEN = (
     "per site (20 Newsgroups), and neither fstc.marginal=adaptive nor fstc-stc closes that: use fsbert-kfed "
     "there; a run warns when it sees that shape (summary.json "
     "fstc.site_skew > 0.15). With select = best (the default) a run whose training collapsed keeps its "
-    "start, FSBERT k-FED's clustering: within 1 NMI of fsbert-kfed on 4 of those 5 settings "
-    "(docs/model-selection.md)."
+    "start, which is FSBERT k-FED's clustering (fstc.init-merge = kfed): on those 5 settings it kept "
+    "exactly fsbert-kfed's result (docs/model-selection.md)."
 )
 CEFMC_WHEN = (
     "Views wider than k, or k above a view's width on real multi-view sets (HW, BDGP, DryBean: level with "
