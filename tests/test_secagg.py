@@ -30,6 +30,7 @@ from flwr.common import (
 )
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
+from fedapp.app.client_app import rounding_seed, seeded_numpy_global
 from fedapp.app.server_loop import WIRE_BYTES_FILE, CountingGrid
 from fedapp.launch.resolve import build_overrides
 from fedapp.maths.clustering import centres_from_moments
@@ -143,6 +144,34 @@ def test_means_average_by_weight_and_counters_go_in_the_clear() -> None:
 def test_values_beyond_the_clipping_range_are_counted() -> None:
     _, metrics = secure_upload([np.array([0.5, 9.0, -20.0])], [MEAN], 4, CLIP)
     assert metrics[CLIPPED_KEY] == 2
+
+
+def test_stochastic_rounding_is_seeded_per_run_node_and_round() -> None:
+    """SecAgg+'s quantization draws from NumPy's global generator: seeded per message, a secure run is
+    reproducible; the caller's generator state is left as it was."""
+    values = [np.linspace(-1.0, 1.0, 101)]
+
+    def message(group: str) -> MagicMock:
+        msg = MagicMock()
+        msg.metadata.group_id = group
+        return msg
+
+    def context(partition: int, seed: int = 0) -> MagicMock:
+        ctx = MagicMock()
+        ctx.run_config, ctx.node_config, ctx.node_id = {"seed": seed}, {"partition-id": partition}, 99
+        return ctx
+
+    def rounded(group: str, partition: int, seed: int = 0) -> np.ndarray:
+        with seeded_numpy_global(rounding_seed(message(group), context(partition, seed))):
+            return quantize(values, 4.0, 2**10)[0]
+
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    first = rounded("3", 1)
+    np.testing.assert_array_equal(np.random.get_state()[1], before)  # the caller's state is restored
+    np.testing.assert_array_equal(rounded("3", 1), first)  # same run, node and round: same rounding
+    for other in (rounded("4", 1), rounded("3", 2), rounded("3", 1, seed=1)):
+        assert (other != first).any()
 
 
 def test_malformed_clear_part_is_a_reply_error() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.client import Client, ClientApp
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
@@ -75,8 +77,31 @@ def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallab
     """Flower's SecAgg+ client mod for the messages of a SecAgg+ round (run-config `secagg`) only:
     `secaggplus_mod` itself rejects every other fit message."""
     if RECORD_KEY_CONFIGS in msg.content.config_records:
-        return secaggplus_mod(msg, context, call_next)
+        with seeded_numpy_global(rounding_seed(msg, context)):
+            return secaggplus_mod(msg, context, call_next)
     return call_next(msg, context)
+
+
+def rounding_seed(msg: Message, context: Context) -> list[int]:
+    """SecAgg+ quantizes with stochastic rounding drawn from NumPy's global generator (its masks and keys
+    use their own, cryptographic ones): seeded by the run seed, the node's partition and the message group
+    (the round), a secure run is reproducible like a plain one, whichever process serves the node."""
+    seed = int(context.run_config.get("seed", 0))
+    node = int(context.node_config.get("partition-id", context.node_id))
+    group = msg.metadata.group_id
+    round_number = int(group) if group.lstrip("-").isdigit() else sum(group.encode())
+    return [seed % 2**32, node % 2**32, round_number % 2**32]
+
+
+@contextmanager
+def seeded_numpy_global(entropy: list[int]) -> Iterator[None]:
+    """NumPy's global generator seeded from `entropy` inside the block, restored after it."""
+    state = np.random.get_state()
+    np.random.seed(np.random.SeedSequence(entropy).generate_state(1)[0])
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 app = ClientApp(client_fn=client_fn, mods=[secagg_when_asked])
