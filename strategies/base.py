@@ -151,12 +151,8 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             replies = sorted(valid, key=lambda reply: (reply.partition_id, reply.cid))
             consistent = self.consistent(server_round, replies) if replies else []
             if self.refuse_duplicate_partitions:
-                claims = [(reply.cid, reply.partition_id) for reply in consistent]
-                refused = self.roster.unique_partitions(server_round, claims)
-                if refused:
-                    self.record.failure_messages.extend(self.roster.duplicates[-len(refused) :])
-                    consistent = [reply for reply in consistent if reply.cid not in refused]
-                if refused and self.roster.awaiting:  # a partition is missing: wait for it, not run without
+                consistent, wait = self.roster.admit(server_round, consistent, self.record.failure_messages)
+                if wait:  # a refused duplicate left a partition missing: wait for it, not run without
                     self.record.outcome(server_round, [], sorted(replied), failed)
                     stats = {"accepted": 0, "rejected": len(results), "failures": len(failures)}
                     return self._lost_round(server_round, stats)

@@ -19,6 +19,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config.run import RunConfig
 from strategies.records import RunRecord
+from strategies.replies import ClientReply
 
 CLIENT_WAIT_S = 300
 NODE_POLL_S = (0.01, 0.5)  # first and longest pause between looks at the connected clients
@@ -110,6 +111,16 @@ class ClientRoster:
         if refused and missing:
             self.awaiting = f"partition-id(s) {missing} never reported ({'; '.join(self.duplicates)})"
         return refused
+
+    def admit(
+        self, server_round: int, replies: list[ClientReply], failure_messages: list[str]
+    ) -> tuple[list[ClientReply], bool]:
+        """`replies` less the refused duplicate claims (`unique_partitions`; what each claimed is added to
+        `failure_messages`), and whether a refusal left a partition missing, which the run waits for."""
+        refused = self.unique_partitions(server_round, [(reply.cid, reply.partition_id) for reply in replies])
+        if refused:
+            failure_messages.extend(self.duplicates[-len(refused) :])
+        return [reply for reply in replies if reply.cid not in refused], bool(refused and self.awaiting)
 
     def _wait_for_missing(self, client_manager: ClientManager, record: RunRecord) -> None:
         """After a refused duplicate: wait for num-clients usable clients again, or stop naming both."""
