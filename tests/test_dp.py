@@ -125,13 +125,26 @@ def test_ffcm_client_refuses_more_releases_than_planned_and_unbounded_phases() -
 
 
 def test_kfed_client_under_dp_sends_noisy_dp_lloyd_centres_once() -> None:
-    cfg = parse_run_config({"method": "kfed", "dataset": "digits", "num-clients": 2, **DP})
+    # a fixed draw (dp.noise-seed): with fresh entropy the rounded noisy counts sum to n now and then
+    keys = {"method": "kfed", "dataset": "digits", "num-clients": 2, **DP, "dp.noise-seed": 11}
+    cfg = parse_run_config(keys)
     client = KFedClient(_context(0, 2), cfg)
     (centres, counts), examples, metrics = client.fit([], {"local-k": 10})
     assert examples == 0 and metrics[RELEASES_KEY] == cfg.dp.lloyd_iters
     assert counts.dtype.kind == "i" and centres.shape[0] == counts.shape[0] >= 1
     assert np.linalg.norm(centres, axis=1).max() <= cfg.dp.clip + 1e-9
-    assert counts.sum() != client.data.n_samples  # noisy counts
+    # the noise is the release's: the same draw again gives the same reply, another draw another one,
+    # and DP-Lloyd with (almost) no noise on the same rows gives counts summing to n
+    (again, again_counts), _, _ = KFedClient(_context(0, 2), cfg).fit([], {"local-k": 10})
+    np.testing.assert_array_equal(again_counts, counts)
+    np.testing.assert_array_equal(again, centres)
+    other = parse_run_config({**keys, "dp.noise-seed": 12})
+    (_, other_counts), _, _ = KFedClient(_context(0, 2), other).fit([], {"local-k": 10})
+    assert not np.array_equal(other_counts, counts)
+    X = client.data.features
+    _, exact = dp_lloyd(X, 10, cfg.dp.clip, 1e-12, cfg.dp.lloyd_iters, client.seed, np.random.default_rng(0))
+    assert np.rint(exact).sum() == client.data.n_samples
+    assert counts.sum() != client.data.n_samples  # this draw's noise moved the total
     with pytest.raises(PrivacyBudgetError):
         client.fit([], {"local-k": 10})
 
