@@ -1,4 +1,5 @@
-"""Short texts for text clustering (FSTC): StackOverflow titles, Biomedical titles, AgNews items.
+"""Short texts for text clustering (FSTC): StackOverflow titles, Biomedical titles, AgNews items, CLINC150
+queries (many clusters: 150 intents, or their 10 domains).
 
 Raw strings as distributed (see the data catalogue for casing and preprocessing); embedding them is the
 caller's business. Sample and class counts are checked against the catalogue.
@@ -9,6 +10,7 @@ files). SCCL's augmented views of these datasets live in `fedapp.datasets.augmen
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +73,31 @@ def _read_agnews(name: str, paths: tuple[Path, ...]) -> Dataset:
     return build(name, "texts", labels, source=paths[0], expected_n=8_000, expected_classes=4, texts=texts)
 
 
+def _read_clinc(name: str, paths: tuple[Path, ...]) -> Dataset:
+    """CLINC150's imbalanced in-scope split (train + val + test: 18,025 queries, 75-150 per intent),
+    labelled by intent (`clinc150`) or by the domain of the intent (`clinc150-domains`)."""
+    data_path, domains_path = paths
+    try:
+        data = json.loads(read_gzip_text(data_path))
+        rows = [tuple(row) for part in ("train", "val", "test") for row in data[part]]
+        domains = json.loads(read_gzip_text(domains_path))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"{data_path}: not CLINC150's JSON ({exc})") from exc
+    if any(len(row) != 2 for row in rows):
+        raise DatasetError(f"{data_path}: a row is not [text, intent]")
+    texts, intents = [str(t) for t, _ in rows], [str(i) for _, i in rows]
+    expected = 150
+    if name.endswith("-domains"):
+        domain_of = {intent: domain for domain, members in domains.items() for intent in members}
+        missing = sorted(set(intents) - domain_of.keys())
+        if missing:
+            raise DatasetError(f"{domains_path}: intent {missing[0]!r} has no domain")
+        intents, expected = [domain_of[intent] for intent in intents], 10
+    return build(
+        name, "texts", intents, source=data_path, expected_n=18_025, expected_classes=expected, texts=texts
+    )
+
+
 # The demo set: each topic has its own words; sentences mix 3 topic words into shared templates.
 # fmt: off
 DEMO_TOPICS = (
@@ -127,5 +154,17 @@ DATASETS: dict[str, Source] = {
     ),
     "agnews": OnDisk(
         "texts", "AgNews subset, 8,000 texts, 4 classes", ("agnews/agnewsdataraw-8000.gz",), _read_agnews
+    ),
+    "clinc150": OnDisk(
+        "texts",
+        "CLINC150 queries (imbalanced split, in scope), 18,025 texts, 150 intents",
+        ("clinc150/data_imbalanced.json.gz", "clinc150/domains.json.gz"),
+        _read_clinc,
+    ),
+    "clinc150-domains": OnDisk(
+        "texts",
+        "CLINC150 queries (as clinc150) labelled by domain, 18,025 texts, 10 domains",
+        ("clinc150/data_imbalanced.json.gz", "clinc150/domains.json.gz"),
+        _read_clinc,
     ),
 }
