@@ -14,12 +14,15 @@ from fedapp.app.k_selection import (
     CANDIDATE_KS_KEY,
     CENTRES_KEY,
     LABELLED_KEY,
+    LOCAL_K_KEY,
     PHASE_CENTRES,
     PHASE_STATISTICS,
     PHASE_VIEW,
     SCALE_KEY,
     SELECT_KEY,
     SIZES_KEY,
+    SPLITS_KEY,
+    SQUARES_KEY,
     STATISTICS_KEY,
     VIEW_SELECTION_KEY,
     candidates_from_arrays,
@@ -64,16 +67,22 @@ def selection_reply(
     if phase == PHASE_CENTRES:
         if client.data.labelled:  # k = the classes: nothing of the data is needed
             return 0.0, client.data.n_samples, {**metrics, LABELLED_KEY: client.data.n_classes}
-        centres, sizes = local_summary(_rows(client), client.cfg.k_max, client.seed, client.floor)
+        k_local = int(config.get(LOCAL_K_KEY, client.cfg.k_max))  # type: ignore[arg-type]
+        if k_local < 1:
+            raise ValueError(f"k-selection local k' {k_local} is not positive")
+        centres, sizes, squares = local_summary(_rows(client), k_local, client.seed, client.floor)
         metrics[CENTRES_KEY] = encode_array(centres)
         metrics[SIZES_KEY] = encode_array(np.asarray(sizes, dtype=np.int64))
+        metrics[SQUARES_KEY] = squares  # with the centres and sizes: the spread around them (the null's)
     elif phase == PHASE_STATISTICS:
         metrics[STATISTICS_KEY] = encode_arrays(*_statistics(client, parameters, config, 1.0))
     elif phase == PHASE_VIEW:  # vertical: this party chooses on its own view of every record
         if client.data.labelled:
             return 0.0, client.data.n_samples, {**metrics, LABELLED_KEY: client.data.n_classes}
         cfg = client.cfg
-        selection, _ = select_k([_rows(client)], cfg.k_min, cfg.k_max, cfg.seed, client.floor, cfg.k_rule)
+        selection, _ = select_k(
+            [_rows(client)], cfg.k_min, cfg.k_max, cfg.seed, client.floor, cfg.k_rule, extend=cfg.k_extend
+        )
         metrics[VIEW_SELECTION_KEY] = json.dumps(selection.to_json())
     else:
         raise ValueError(f"unknown k-selection phase {phase!r}")
@@ -98,6 +107,8 @@ def secure_selection_reply(
 def _statistics(
     client: SelectingClient, parameters: NDArrays, config: dict[str, Scalar], scale: float
 ) -> list[np.ndarray]:
-    candidates = candidates_from_arrays(parameters, config.get(CANDIDATE_KS_KEY))
-    stats = candidate_statistics(_rows(client), candidates, client.floor)
+    candidates, pairs = candidates_from_arrays(
+        parameters, config.get(CANDIDATE_KS_KEY), config.get(SPLITS_KEY, 0)
+    )
+    stats = candidate_statistics(_rows(client), candidates, client.floor, pairs)
     return statistics_to_arrays(stats, scale)

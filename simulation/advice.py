@@ -25,10 +25,9 @@ from fedapp.datasets.sources import Columns
 from fedapp.maths.fstc import SITE_SKEW_WARNING, initial_centres, site_skew
 from fedapp.methods import METHODS, methods_for_kind
 from fedapp.privacy.floor import CLIENT_MIN_CLUSTER, floored_kmeans
-from simulation.tune import client_rows
+from simulation.tune import client_rows, tune
 
 SKEW_EVIDENCE = "docs/methods/fstc.md#real-data-shapes-label-skewed-sites-long-tailed-clusters-many-clusters"
-DEFAULT_K = 10  # clusters for the skew measure when neither k nor labels say
 
 
 @dataclass(frozen=True)
@@ -39,6 +38,7 @@ class Advice:
     skew: list[float] | None  # per site; None: not measured (one site, or a vertical federation)
     applicable: tuple[str, ...]
     favoured: list[tuple[str, str]]  # (method, why with its evidence)
+    k_used: str = ""  # the k the skew was measured at, and where it came from
 
     def render(self) -> str:
         lines = [
@@ -49,22 +49,23 @@ class Advice:
             shape = "sites hold different clusters" if mean > SITE_SKEW_WARNING else "sites look alike"
             per_site = ", ".join(f"{value:.2f}" for value in self.skew)
             lines.append(f"site skew: mean {mean:.2f} ({per_site}); {shape} (threshold {SITE_SKEW_WARNING})")
+            if self.k_used:
+                lines.append(f"site skew measured at {self.k_used}")
         lines.append(f"methods for {self.kind}: {', '.join(self.applicable)}")
         for method, why in self.favoured:
             lines += textwrap.wrap(f"favoured: {method} — {why}", 110, subsequent_indent="    ")
         return "\n".join(lines)
 
 
-def measure_skew(cfg: RunConfig, k: int) -> tuple[list[int], list[float]]:
-    """(records per site, FSTC's site skew per site) of the run `cfg` describes (module docstring)."""
-    sites, rows = client_rows(cfg)  # each site's rows in the space `fedapp tune` would score
+def measure_skew(cfg: RunConfig, k: int, rows: list[np.ndarray]) -> list[float]:
+    """FSTC's site skew per site (module docstring) at `k` clusters, from each site's `rows` in the
+    space `fedapp tune` would score."""
     points, weights = [], []
     for site, space in enumerate(rows):
         centres, counts, _ = floored_kmeans(space, k, cfg.seed + site, CLIENT_MIN_CLUSTER, n_init=1)
         points.append(centres)
         weights.append(counts.astype(np.float64))
-    skew = site_skew(points, weights, initial_centres(points, weights, k, cfg.seed))
-    return [site.n_samples for site in sites], skew
+    return site_skew(points, weights, initial_centres(points, weights, k, cfg.seed))
 
 
 def favoured(kind: str, skew: float | None) -> list[tuple[str, str]]:
@@ -104,10 +105,20 @@ def advise(dataset: str, overrides: dict[str, Any]) -> Advice:
     cfg = parse_run_config({"method": reader, **keys})
     if kind == "multiview" or cfg.num_clients < 2:  # vertical parties hold the same records: no skew
         sites = [local_view(cfg, site, cfg.num_clients) for site in range(cfg.num_clients)]
-        records, skew = [site.n_samples for site in sites], None
+        records, skew, k_used = [site.n_samples for site in sites], None, ""
     else:
         first = load_run_dataset(cfg, 0 if has_placeholder(cfg.dataset) else None)
-        k = cfg.k or (first.n_classes if first.labelled else DEFAULT_K)
-        records, skew = measure_skew(cfg, k)
+        sites, rows = client_rows(cfg)
+        records = [site.n_samples for site in sites]
+        if cfg.k:
+            k, k_used = cfg.k, f"k = {cfg.k} (given)"
+        elif first.labelled:
+            k, k_used = first.n_classes, f"k = {first.n_classes} (the classes)"
+        else:  # the skew depends on k: measured where a k = 0 run would cluster, not at a fixed guess
+            chosen = tune(cfg, rows).outcome
+            k = int(chosen["chosen_k"])
+            verdict = chosen.get("confidence", {}).get("verdict", "-")
+            k_used = f"k = {k} (chosen without labels as a k = 0 run would, {verdict})"
+        skew = measure_skew(cfg, k, rows)
     mean = None if skew is None else float(np.mean(skew))
-    return Advice(kind, len(records), records, skew, methods_for_kind(kind), favoured(kind, mean))
+    return Advice(kind, len(records), records, skew, methods_for_kind(kind), favoured(kind, mean), k_used)

@@ -4,9 +4,11 @@ run's k is open (k = 0 on own files), and every later message carries the chosen
 
 Round A's floored local centres come back in evaluate replies; round B's sums too, or through SecAgg+
 (`configure_secure` / `aggregate_secure`, run-config `secagg`), where the server learns only their
-totals. A client that fails or sends a malformed reply is left out (and named in the warnings); a round
-with no usable reply fails the run, which cannot start without k. The outcome goes to summary.json
-`k_selection` and to tune.json / tune.png in the run's folder, as `fedapp tune` writes them.
+totals. A choice on the top of the range asks for both rounds again with k-max doubled
+(`fedapp.maths.selection.KSearch`): `aggregate` says so. A client that fails or sends a malformed reply is
+left out (and named in the warnings); a round with no usable reply fails the run, which cannot start
+without k. The outcome, with how sure it is, goes to summary.json `k_selection` and to tune.json /
+tune.png in the run's folder, as `fedapp tune` writes them; a weak choice is one warning line.
 """
 
 from __future__ import annotations
@@ -21,34 +23,35 @@ from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, log, ndarrays_
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from fedapp.app.floor_rules import run_floor
 from fedapp.app.k_selection import (
     CANDIDATE_KS_KEY,
     CENTRES_KEY,
     CHOSEN_K_KEY,
     LABELLED_KEY,
+    LOCAL_K_KEY,
     PHASE_CENTRES,
     PHASE_STATISTICS,
     PHASE_VIEW,
     SCALE_KEY,
     SELECT_KEY,
     SIZES_KEY,
+    SPLITS_KEY,
+    SQUARES_KEY,
     STATISTICS_KEY,
     VIEW_SELECTION_KEY,
     candidates_to_arrays,
     may_select,
     selection_space,
     statistics_from_arrays,
+    views_outcome,
 )
 from fedapp.config.run import RunConfig
 from fedapp.maths.selection import (
     CandidateStats,
-    Selection,
+    KSearch,
     SelectionError,
-    candidate_centres,
-    candidate_criteria,
-    choose_k,
     merge_statistics,
-    view_consensus,
 )
 from fedapp.methods import method_spec
 from fedapp.report.records import PROGRESS_MARKER
@@ -86,7 +89,11 @@ class KChoice:
         self.host = host
         self.summary: dict[str, Any] = {}
         self.chosen: int | None = None  # the chosen k, stamped on every later message
-        self.candidates: dict[int, np.ndarray] = {}
+        self.search: KSearch | None = None
+        self.candidates: dict[int, np.ndarray] = {}  # this pass's candidates and their split pairs
+        self.pairs: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.again = False  # the last round B extended the range: rounds A and B once more
+        self.secure_scale: float | None = None  # round B under SecAgg+: the scale its sums went at
         self._started = 0.0
         self._bytes = {"up": 0, "down": 0}
 
@@ -106,17 +113,21 @@ class KChoice:
         if not self.wanted:
             return []
         cfg = self.host.cfg
+        clients = self.host.roster.usable(client_manager, self.host.record)
         if phase == PHASE_CENTRES:
             selection_space(cfg)  # a method or setting that cannot choose k fails here, in one line
-            self._started = time.perf_counter()
-            log(INFO, "%s k = 0 without labels: choosing k in %d..%d", PROGRESS_MARKER, cfg.k_min, cfg.k_max)
+            if self.search is None:
+                self._started = time.perf_counter()
+                self.search = KSearch(
+                    cfg.k_min, cfg.k_max, cfg.k_rule, floor=run_floor(cfg), extend=cfg.k_extend
+                )
             phase_sent = PHASE_VIEW if self.vertical else PHASE_CENTRES
-            parameters, config = ndarrays_to_parameters([]), {SELECT_KEY: phase_sent}
+            parameters = ndarrays_to_parameters([])
+            config = {SELECT_KEY: phase_sent, LOCAL_K_KEY: self.search.local_k(max(len(clients), 1))}
         else:
-            arrays, ks = candidates_to_arrays(self.candidates)
+            arrays, ks, splits = candidates_to_arrays(self.candidates, self.pairs)
             parameters = ndarrays_to_parameters(arrays)
-            config = {SELECT_KEY: PHASE_STATISTICS, CANDIDATE_KS_KEY: ks}
-        clients = self.host.roster.usable(client_manager, self.host.record)
+            config = {SELECT_KEY: PHASE_STATISTICS, CANDIDATE_KS_KEY: ks, SPLITS_KEY: splits}
         instructions = [(client, EvaluateIns(parameters, dict(config))) for client in clients]
         self._bytes["down"] += len(instructions) * sum(len(t) for t in parameters.tensors)
         return instructions
@@ -124,7 +135,8 @@ class KChoice:
     def aggregate(
         self, phase: str, results: list[tuple[ClientProxy, EvaluateRes]], failures: Failures
     ) -> bool:
-        """Take a round's replies; False when there is no round B (every client has labels)."""
+        """Take a round's replies. Round A: False when there is no round B (every client has labels, or
+        nothing left to score); round B: True when the range was extended (rounds A and B again)."""
         self._note_failures(phase, failures)
         if phase == PHASE_CENTRES and self.vertical:
             self._take_views(results)
@@ -132,19 +144,19 @@ class KChoice:
         if phase == PHASE_CENTRES:
             return self._take_centres(results)
         parts = []
+        ks, dims, splits = sorted(self.candidates), self._dims(), self._splits()
         for client, res in _by_partition(results):
             try:
                 blob = res.metrics[STATISTICS_KEY]
                 self._bytes["up"] += len(blob)  # type: ignore[arg-type]
                 arrays = decode_arrays(blob, f"'{STATISTICS_KEY}'")
                 ordered = [arrays[f"arr_{i}"] for i in range(len(arrays))]
-                parts.append(statistics_from_arrays(ordered, sorted(self.candidates), self._dims()))
+                parts.append(statistics_from_arrays(ordered, ks, dims, splits))
             except (KeyError, ValueError) as exc:
                 self.host.warn(f"k selection (statistics): client {client.cid}'s reply left out ({exc})")
         if not parts:
             raise KSelectionError("k selection: no client sent usable statistics for the candidates")
-        self._choose(merge_statistics(parts))
-        return True
+        return self._choose(merge_statistics(parts))
 
     def configure_secure(
         self, client_manager: ClientManager, scale: float
@@ -159,7 +171,7 @@ class KChoice:
         self, results: list[tuple[ClientProxy, FitRes]], failures: Failures, scale: float, last_try: bool
     ) -> str:
         """Round B's secure totals: SECURE_DONE, SECURE_RETRY (SecAgg+ would clip: ask again with a smaller
-        scale) or SECURE_STOP."""
+        scale) or SECURE_STOP. After SECURE_DONE, `again` says whether the range was extended."""
         self._note_failures(PHASE_STATISTICS, failures)
         if not results:
             return SECURE_STOP
@@ -170,15 +182,18 @@ class KChoice:
             self.host.warn(f"k selection: SecAgg+ clipped {clipped} values even at scale {scale:g}")
         totals = secure_totals(results)
         self._bytes["up"] += sum(t.size * 8 for t in totals) * len(results)
-        stats = statistics_from_arrays(totals, sorted(self.candidates), self._dims(), scale, rounded=True)
-        self.summary["secagg"] = {"scale": scale}
+        stats = statistics_from_arrays(
+            totals, sorted(self.candidates), self._dims(), self._splits(), scale, rounded=True
+        )
+        self.secure_scale = scale
         self._choose(stats)
         return SECURE_DONE
 
     # ------------------------------------------------------------------------------ the choice
     def _take_centres(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> bool:
         cfg = self.host.cfg
-        centres, sizes, labelled = [], [], []
+        assert self.search is not None  # made by configure(PHASE_CENTRES)
+        centres, sizes, squares, labelled = [], [], [], []
         for client, res in _by_partition(results):  # the union's order is the clients', not arrival's
             if LABELLED_KEY in res.metrics:
                 labelled.append(client.cid)
@@ -187,8 +202,11 @@ class KChoice:
                 blob_c, blob_s = res.metrics[CENTRES_KEY], res.metrics[SIZES_KEY]
                 self._bytes["up"] += len(blob_c) + len(blob_s)  # type: ignore[arg-type]
                 c, s = decode_array(blob_c, CENTRES_KEY), decode_array(blob_s, SIZES_KEY)
+                q = float(res.metrics[SQUARES_KEY])  # type: ignore[arg-type]
                 if c.ndim != 2 or s.shape != (c.shape[0],) or not np.isfinite(c).all() or (s < 1).any():
                     raise ValueError(f"centres {c.shape} and sizes {s.shape} do not fit")
+                if not (np.isfinite(q) and q >= 0):
+                    raise ValueError(f"sum of squared norms {q!r} is not a non-negative number")
                 if centres and c.shape[1] != centres[0].shape[1]:
                     raise ValueError(f"centres of width {c.shape[1]}, others {centres[0].shape[1]}")
             except (KeyError, ValueError) as exc:
@@ -196,6 +214,7 @@ class KChoice:
                 continue
             centres.append(c)
             sizes.append(s)
+            squares.append(q)
         if not centres:
             if labelled and len(labelled) == len(results):
                 self.summary = {"skipped": "every client has labels: k is the number of classes"}
@@ -203,9 +222,23 @@ class KChoice:
                 return False
             raise KSelectionError("k selection: no client sent usable local centres")
         try:
-            self.candidates = candidate_centres(centres, sizes, cfg.k_min, cfg.k_max, cfg.seed)
+            self.candidates, self.pairs = self.search.plan(centres, sizes, cfg.seed, squares)
         except SelectionError as exc:
             raise KSelectionError(f"k selection: {exc}") from None
+        if not self.candidates:  # an extension the privacy floor stopped: the choice stands
+            self._finish()
+            return False
+        ks = sorted(self.candidates)
+        log(
+            INFO,
+            "%s k = 0 without labels: scoring k = %d..%d (%d candidates, %d local centres from %d clients)",
+            PROGRESS_MARKER,
+            ks[0],
+            ks[-1],
+            len(ks),
+            sum(len(c) for c in centres),
+            len(centres),
+        )
         return True
 
     def _take_views(self, results: list[tuple[ClientProxy, EvaluateRes]]) -> None:
@@ -220,16 +253,23 @@ class KChoice:
             try:
                 table = json.loads(str(res.metrics[VIEW_SELECTION_KEY]))
                 chosen = int(table["chosen_k"])
-                if not cfg.k_min <= chosen <= cfg.k_max:
-                    raise ValueError(f"chosen k = {chosen} outside {cfg.k_min}..{cfg.k_max}")
+                if chosen < cfg.k_min or chosen not in {int(row["k"]) for row in table["candidates"]}:
+                    raise ValueError(f"chosen k = {chosen} is none of its candidates from k-min={cfg.k_min}")
             except (KeyError, ValueError, TypeError) as exc:
                 self.host.warn(f"k selection (view): client {client.cid}'s reply left out ({exc})")
                 continue
             views[str(res.metrics.get("partition-id", client.cid))] = table
         if not views:
             raise KSelectionError("k selection: no party sent a usable choice on its view")
-        chosen = view_consensus([table["chosen_k"] for table in views.values()])
-        self._decide(chosen, {"rule": f"rounded mean of the parties' {cfg.k_rule} choices", "views": views})
+        outcome = views_outcome(views, cfg.k_rule)
+        self._decide(outcome["chosen_k"], outcome)
+        write_selection(self.host.out_dir, self.summary)
+        if outcome["confidence"]["verdict"] == "weak":
+            choices = ", ".join(f"party {p}: {k}" for p, k in outcome["confidence"]["choices"].items())
+            self.host.warn(
+                f"k selection: weak evidence for k = {outcome['chosen_k']} ({outcome['confidence']['why']}; "
+                f"{choices}); see tune.png, or set k"
+            )
 
     def _decide(self, chosen: int, summary: dict[str, Any]) -> None:
         """The run's k, without round B (vertical runs, a label holder's classes)."""
@@ -250,26 +290,60 @@ class KChoice:
     def _dims(self) -> int:
         return next(iter(self.candidates.values())).shape[1]
 
-    def _choose(self, merged: dict[int, CandidateStats]) -> None:
-        cfg = self.host.cfg
-        table = {k: candidate_criteria(merged[k], self.candidates[k]) for k in self.candidates}
+    def _splits(self) -> int:
+        return len(next(iter(self.pairs.values()), []))
+
+    def _choose(self, merged: dict[int, CandidateStats]) -> bool:
+        """Score this pass's candidates; True when the range was extended (another pass)."""
+        assert self.search is not None
         try:
-            selection = Selection(table, cfg.k_rule, choose_k(table, cfg.k_rule))
+            self.again = self.search.take(merged, self.candidates)
         except SelectionError as exc:
             raise KSelectionError(f"k selection: {exc}") from None
+        if self.again:
+            log(
+                INFO,
+                "%s k selection: the best k is the top of the range; extending k-max to %d",
+                PROGRESS_MARKER,
+                self.search.k_max,
+            )
+            return True
+        self._finish()
+        return False
+
+    def _finish(self) -> None:
+        """The choice of the passes so far is the run's: summary, files, the console line, a warning
+        when the evidence is weak."""
+        assert self.search is not None
+        selection = self.search.selection()
         self.chosen = self.host.k = selection.k
         self.summary = {
-            **self.summary,
             **selection.to_json(),
+            **({"secagg": {"scale": self.secure_scale}} if self.secure_scale is not None else {}),
             "cost": {
-                "extra_rounds": 2,
+                "extra_rounds": 2 * self.search.passes,
                 "bytes_up": float(self._bytes["up"]),
                 "bytes_down": float(self._bytes["down"]),
                 "seconds": round(time.perf_counter() - self._started, 2),
             },
         }
         write_selection(self.host.out_dir, self.summary)
-        log(INFO, "%s chosen k = %d (%s; tune.json, tune.png)", PROGRESS_MARKER, selection.k, cfg.k_rule)
+        sure = selection.confidence
+        log(
+            INFO,
+            "%s chosen k = %d in %d..%d (%s; %s; tune.json, tune.png)",
+            PROGRESS_MARKER,
+            selection.k,
+            *sure["range"],  # type: ignore[misc]
+            selection.rule,
+            sure["verdict"],
+        )
+        if sure["verdict"] == "weak":
+            runners = ", ".join(str(k) for k in sure.get("runner_up", []))  # type: ignore[attr-defined]
+            self.host.warn(
+                f"k selection: weak evidence for k = {selection.k} ({sure['why']}); runner-up k: "
+                f"{runners or 'none'}; see tune.png, or set k"
+            )
 
     def _note_failures(self, phase: str, failures: Failures) -> None:
         for failure in failures:
@@ -284,7 +358,7 @@ class KChoice:
         return instructions
 
     def state_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary, "chosen": self.chosen}
+        return {"summary": self.summary, "chosen": self.chosen}  # a run resumes after its choice
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.summary, self.chosen = dict(state["summary"]), state["chosen"]

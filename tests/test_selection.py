@@ -7,15 +7,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sklearn.metrics import calinski_harabasz_score
+from sklearn.metrics import adjusted_rand_score, calinski_harabasz_score, normalized_mutual_info_score
 
 from fedapp.config.run import ConfigError, RunConfig, parse_run_config
 from fedapp.maths.clustering import nearest_centre
 from fedapp.maths.selection import (
+    KSearch,
     SelectionError,
+    adjusted_rand,
     candidate_criteria,
+    candidate_ks,
     candidate_statistics,
     choose_k,
+    confidence,
+    local_k,
     merge_statistics,
     select_k,
 )
@@ -33,11 +38,76 @@ def _blobs(k: int, dims: int, per_cluster: int = 120, seed: int = 0) -> np.ndarr
     return rows[rng.permutation(len(rows))]
 
 
+def _labelled_blobs(
+    k: int, dims: int, per_cluster: int = 120, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    rows = _blobs(k, dims, per_cluster, seed)
+    side = int(np.ceil(np.sqrt(k)))
+    grid = np.array([(i % side, i // side) for i in range(k)], dtype=float) * 12.0
+    return rows, np.linalg.norm(rows[:, None, :2] - grid[None], axis=2).argmin(1)
+
+
 @pytest.mark.parametrize(("k", "dims"), [(5, 2), (20, 2), (5, 32), (20, 32)])
-def test_the_selection_recovers_k_on_separated_blobs(k: int, dims: int) -> None:
-    selection, candidates = select_k(np.array_split(_blobs(k, dims), 4), 2, 30, seed=0, floor=5)
-    assert selection.k == k
+def test_the_selection_finds_separated_blobs_with_a_strong_verdict(k: int, dims: int) -> None:
+    """Clean clusters: the chosen k's clustering is as good as the true k's (NMI within a point: a k a
+    little above the truth splits a cluster or two) and the verdict is strong."""
+    rows, labels = _labelled_blobs(k, dims)
+    parts = np.array_split(np.arange(len(rows)), 4)
+    selection, candidates = select_k([rows[p] for p in parts], 2, 30, seed=0, floor=5)
     assert sorted(candidates) == list(range(2, 31))
+    assert abs(selection.k - k) <= max(1, k // 10)
+    nmi = {
+        c: normalized_mutual_info_score(labels, nearest_centre(rows, candidates[c])) for c in (k, selection.k)
+    }
+    assert nmi[selection.k] >= nmi[k] - 0.01
+    assert selection.confidence["verdict"] == "strong" and selection.confidence["stability"] > 0.9
+
+
+def test_noise_has_no_stable_k_and_the_verdict_says_so() -> None:
+    """Gaussian noise and a uniform box: every k's clusterings disagree between halves of the data; the
+    range is not extended (more k would not help)."""
+    rng = np.random.default_rng(3)
+    for rows in (rng.normal(size=(2000, 8)), rng.uniform(size=(2000, 8)) * np.geomspace(3, 0.3, 8)):
+        selection, candidates = select_k(np.array_split(rows, 4), 2, 30, seed=0, floor=5)
+        assert selection.confidence["verdict"] == "weak"
+        assert "no candidate k is stable" in str(selection.confidence["why"])
+        assert max(candidates) == 30 and "extended" not in selection.confidence
+
+
+def test_a_choice_on_the_top_of_the_range_extends_it_or_says_why_not() -> None:
+    """40 clusters, k-max 20: the choice sits on the top of the range, which doubles until it does not
+    (20 -> 40 -> 80); with k-extend off the edge choice is weak and says why."""
+    rng = np.random.default_rng(1)
+    labels = np.repeat(np.arange(40), 60)
+    rows = (rng.normal(size=(40, 10)) * 4.8)[labels] + rng.normal(size=(2400, 10))
+    parts = np.array_split(rng.permutation(2400), 4)
+    selection, candidates = select_k([rows[p] for p in parts], 2, 20, seed=0, floor=5)
+    assert selection.k == 40 and selection.confidence["verdict"] == "strong"
+    assert selection.confidence["extended"] == {"from": 20, "to": 80, "passes": 3}
+    assert selection.confidence["range"] == [2, 80] and max(candidates) == 80
+    assert candidate_ks(2, 40)[-3:] == [33, 36, 40]  # beyond 30 a grid of ~10 % steps
+    fixed, _ = select_k([rows[p] for p in parts], 2, 20, seed=0, floor=5, extend=False)
+    assert fixed.k == 20 and fixed.confidence["verdict"] == "weak" and fixed.confidence["edge"]
+    assert "k-extend = false" in str(fixed.confidence["why"])
+
+
+def test_the_range_tried_is_the_range_the_records_allow() -> None:
+    """k-max far above what the privacy floor lets 3 small clients send: the candidates stop where the
+    union of local centres stops, and the selection says that range."""
+    rows, _ = _labelled_blobs(3, 4, per_cluster=20)  # 60 rows: 4 local centres a client at floor 5
+    selection, candidates = select_k(np.array_split(rows, 3), 2, 1000, seed=0, floor=5)
+    assert max(candidates) <= 6 and selection.confidence["range"] == [2, max(candidates)]
+    assert local_k(30, 3) == 100 and local_k(30, 10) == 30  # the union aims at 10 centres per k
+
+
+def test_stability_is_the_adjusted_rand_index_of_the_split_pairs() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 4, 500), rng.integers(0, 4, 500)
+    b[:300] = a[:300]
+    table = np.zeros((4, 4))
+    np.add.at(table, (a, b), 1)
+    assert adjusted_rand(table) == pytest.approx(adjusted_rand_score(a, b), abs=1e-12)
+    assert adjusted_rand(np.diag([5.0, 5.0])) == 1.0
 
 
 def test_round_b_statistics_are_sums_over_clients() -> None:
@@ -74,21 +144,52 @@ def test_inertia_and_calinski_harabasz_are_those_of_the_pooled_clustering() -> N
 
 def test_each_rule_picks_its_extreme_and_ties_go_to_the_smaller_k() -> None:
     table = {
-        2: {"simplified_silhouette": 0.5, "calinski_harabasz": 10.0, "davies_bouldin": 0.9},
-        3: {"simplified_silhouette": 0.5, "calinski_harabasz": 30.0, "davies_bouldin": 0.4},
-        4: {"simplified_silhouette": 0.2, "calinski_harabasz": 20.0, "davies_bouldin": None},
+        2: {
+            "stability": 0.80,
+            "simplified_silhouette": 0.5,
+            "calinski_harabasz": 10.0,
+            "davies_bouldin": 0.9,
+        },
+        3: {
+            "stability": 0.90,
+            "simplified_silhouette": 0.5,
+            "calinski_harabasz": 30.0,
+            "davies_bouldin": 0.4,
+        },
+        4: {
+            "stability": 0.88,
+            "simplified_silhouette": 0.2,
+            "calinski_harabasz": 20.0,
+            "davies_bouldin": None,
+        },
+        5: {"stability": 0.50, "simplified_silhouette": 0.1, "calinski_harabasz": 5.0, "davies_bouldin": 2.0},
     }
     assert choose_k(table, "silhouette") == 2
     assert choose_k(table, "calinski_harabasz") == 3
-    assert choose_k(table) == choose_k(table, "davies_bouldin") == 3
+    assert choose_k(table, "davies_bouldin") == 3
+    # stability: the largest k within the tolerance of the most stable
+    assert (
+        choose_k(table, "stability", tolerance=0.05) == 4 and choose_k(table, "stability", tolerance=0.0) == 3
+    )
+    sure = confidence(table, 4, tolerance=0.05, weak_below=0.5)
+    assert sure["verdict"] == "strong" and sure["plateau"] == [3, 4] and sure["stability"] == 0.88
+    assert confidence(table, 4, tolerance=0.05, weak_below=0.95)["verdict"] == "weak"
     with pytest.raises(SelectionError, match="unknown rule"):
         choose_k(table, "gap")
+
+
+def test_a_search_extends_only_with_room_under_the_floor() -> None:
+    search = KSearch(2, 4, floor=5)
+    search.rows = [10, 10]  # 2 local centres a client at most: each half of the union holds 2
+    stats = {"stability": 0.9, "simplified_silhouette": 0.1, "calinski_harabasz": 1.0, "davies_bouldin": 1.0}
+    search.table = {2: {**stats, "stability": 0.5}, 3: {**stats, "stability": 0.7}}
+    assert search.take({}, {}) is False and search.capped == 2  # top of the range, no room
 
 
 def test_impossible_ranges_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match="k-min=9 > k-max=4"):
         parse_run_config({"k-min": 9, "k-max": 4})
-    with pytest.raises(SelectionError, match="fewer than k-min=10"):
+    with pytest.raises(SelectionError, match="too few for k-min=10"):
         select_k([_blobs(2, 2, per_cluster=10)], 10, 30, seed=0, floor=5)  # 20 rows: 4 local centres
 
 
@@ -153,7 +254,7 @@ def test_dp_and_own_k_methods_refuse_k_0_without_labels_secagg_and_vertical_do_n
         return parse_run_config({"method": method, **keys}, cross_checks=False)
 
     assert selection_space(cfg("cefmc")) == "features"  # each party on its own view
-    with pytest.raises(ConfigError, match="method 'gfedntm' has no federated k selection"):
+    with pytest.raises(ConfigError, match=r"its number of topics is its own key \(gfedntm.topics\)"):
         selection_space(cfg("gfedntm"))
     assert selection_space(cfg("ffcm", secagg=True)) == "features"
     with pytest.raises(ConfigError, match="dp.epsilon=2"):

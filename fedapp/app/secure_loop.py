@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import timeit
 from collections.abc import Callable
-from logging import INFO
 from typing import Any
 
 import flwr.compat.common.recorddict_compat as compat
-from flwr.common import ConfigRecord, Context, FitIns, FitRes, Parameters, log
+from flwr.common import ConfigRecord, Context, FitIns, FitRes, Parameters
 from flwr.server import Server, ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -147,13 +146,6 @@ def run_secure_selection(
 ) -> None:
     """Choose k before round 1 (`run_selection`) with round B's sums aggregated by SecAgg+; round A's
     floored local centres are no sum and go plainly (`fedapp.app.k_selection`)."""
-    instructions = choice.configure(PHASE_CENTRES, legacy.client_manager)
-    if not instructions:
-        return
-    if not choice.aggregate(PHASE_CENTRES, *exchange(instructions, SELECT_GROUP, timeout)):  # type: ignore[arg-type]
-        return
-    round_config = legacy.state.config_records[MAIN_CONFIGS_RECORD]
-    round_config[Key.CURRENT_ROUND] = SELECT_GROUP
 
     def stage(scale: float, last_try: bool) -> SecureStage:
         return SecureStage(
@@ -161,8 +153,18 @@ def run_secure_selection(
             lambda results, failures: choice.aggregate_secure(results, failures, scale, last_try),
         )
 
-    if secure_tries(grid, legacy, cfg, timeout, stage) != SECURE_DONE:
-        raise RuntimeError(f"k selection ({PHASE_STATISTICS}, SecAgg+): nothing aggregated")
+    while True:  # again while a choice on the top of the range extends it (`choice.again`)
+        instructions = choice.configure(PHASE_CENTRES, legacy.client_manager)
+        if not instructions:
+            return
+        if not choice.aggregate(PHASE_CENTRES, *exchange(instructions, SELECT_GROUP, timeout)):  # type: ignore[arg-type]
+            return
+        round_config = legacy.state.config_records[MAIN_CONFIGS_RECORD]
+        round_config[Key.CURRENT_ROUND] = SELECT_GROUP
+        if secure_tries(grid, legacy, cfg, timeout, stage) != SECURE_DONE:
+            raise RuntimeError(f"k selection ({PHASE_STATISTICS}, SecAgg+): nothing aggregated")
+        if not choice.again:
+            return
 
 
 def run_secure_report(
@@ -193,8 +195,8 @@ def run_secure_report(
 
         outcome = secure_tries(grid, legacy, cfg, timeout, secure_stage)
         if outcome != SECURE_DONE:
-            if outcome is None:
-                log(INFO, "final report (%s): nothing aggregated (run stopped, or under 2 clients)", stage)
+            if outcome is None:  # a stopped run asks nobody; else every client's stage failed
+                report.lost(stage, "SecAgg+ aggregated nothing: fewer than 2 clients completed its stages")
             return
 
 

@@ -41,7 +41,7 @@ from flwr.server.server import evaluate_clients, fit_clients
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
-from fedapp.app.k_selection import PHASES
+from fedapp.app.k_selection import PHASE_CENTRES, PHASE_STATISTICS
 from fedapp.report.stages import STAGES
 
 REPORT_GROUP = 0  # message group id of the final report (Flower's rounds start at 1)
@@ -70,6 +70,10 @@ class ReportStages(Protocol):
         self, stage: str, client_manager: ClientManager, scale: float
     ) -> list[tuple[ClientProxy, FitIns]]:
         """The instructions for `stage` as SecAgg+ fit messages, the sums times `scale`."""
+        ...
+
+    def lost(self, stage: str, why: str) -> None:
+        """`stage` reached the server from no client (e.g. SecAgg+ aggregated nothing)."""
         ...
 
     def aggregate_secure(
@@ -116,7 +120,10 @@ class ChoiceStage(SecureSums, Protocol):
 
 
 class KChoiceStages(SecureSums, Protocol):
-    """Choosing k before round 1 (`strategies.k_choice.KChoice`): two rounds, the second maybe secure."""
+    """Choosing k before round 1 (`strategies.k_choice.KChoice`): two rounds, the second maybe secure,
+    again while the range is extended (`aggregate`'s answer to round B, `again` after a secure one)."""
+
+    again: bool
 
     def configure(
         self, phase: str, client_manager: ClientManager
@@ -216,14 +223,17 @@ class FedappServer(Server):
 def run_selection(
     choice: KChoiceStages, client_manager: ClientManager, timeout: float | None, max_workers: int | None
 ) -> None:
-    """Choose k before round 1 when the run's k is open (`strategies.k_choice`): its two rounds."""
-    for phase in PHASES:
+    """Choose k before round 1 when the run's k is open (`strategies.k_choice`): its two rounds, again
+    while a choice on the top of the range extends it (round B's `aggregate` says so)."""
+    phase = PHASE_CENTRES
+    while True:
         instructions = choice.configure(phase, client_manager)
         if not instructions:
             return
         results, failures = collect(instructions, SELECT_GROUP, timeout, max_workers)
         if not choice.aggregate(phase, results, failures):
             return
+        phase = PHASE_STATISTICS if phase == PHASE_CENTRES else PHASE_CENTRES
 
 
 def run_report(

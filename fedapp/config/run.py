@@ -82,12 +82,15 @@ class RunConfig(ConfigSection):
     )
     k_min: int = config_key(2, ge=2, doc="k = 0 without labels: smallest candidate k")
     k_max: int = config_key(
-        30, ge=2, doc="k = 0 without labels: largest candidate k (= local centres per client)"
+        30, ge=2, doc="k = 0 without labels: largest candidate k (extended while the choice is on top)"
     )
     k_rule: str = config_key(
-        "davies_bouldin",
-        choices=("davies_bouldin", "silhouette", "calinski_harabasz"),
+        "stability",
+        choices=("stability", "davies_bouldin", "silhouette", "calinski_harabasz"),
         doc="k = 0 without labels: the criterion that chooses k (docs/model-selection.md)",
+    )
+    k_extend: bool = config_key(
+        True, doc="k = 0 without labels: a choice on the top of the range doubles k-max and asks again"
     )
     select: str = config_key(
         "best",

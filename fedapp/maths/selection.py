@@ -3,31 +3,45 @@
 Nobody knows k for a site's own unlabelled file, and a sweep of whole runs over k would multiply the
 cost by the number of candidates. The protocol here adds two rounds to any horizontal method:
 
-A. each client sends k-FED's local step in the method's representation space: k' = `k_max` floored
-   local k-means centres and their sizes (`local_summary`; the privacy floor caps k' at n // floor and
-   merges smaller clusters, `fedapp.privacy.floor`). The server clusters the size-weighted union of all
-   clients' centres once for every candidate k in [k_min, k_max] (`candidate_centres`).
-B. the server broadcasts every candidate's centres at once; each client assigns its rows to the nearest
-   centre of each candidate and returns, per candidate and cluster, the row count, feature sum, sum of
-   distances and of squared distances to the candidate centre, and the simplified-silhouette sum
+A. each client sends k-FED's local step in the method's representation space: k' floored local k-means
+   centres and their sizes (`local_summary`; k' from `local_k`, so that the union holds about
+   `UNION_PER_K` centres per candidate k; the privacy floor caps k' at n // floor and merges smaller
+   clusters, `fedapp.privacy.floor`). The server clusters the size-weighted union of all clients' centres
+   once for every candidate k (`candidate_ks`: every k up to `DENSE_UP_TO`, a geometric grid beyond),
+   the candidates (`candidate_centres`), and, for the stability of each k, clusters `SPLITS` pairs of
+   disjoint random halves of that union (`split_centres`): two clusterings each that saw different data.
+B. the server broadcasts every candidate's centres and the split pairs at once; each client assigns its
+   rows to the nearest centre of each and returns, per candidate and cluster, the row count, feature
+   sum, sum of distances and of squared distances to the candidate centre, the simplified-silhouette
+   sum, and per split pair the contingency table of its rows under the pair's two clusterings
    (`candidate_statistics`). All are sums, so the server merges them by addition (SecAgg+ could too);
    a cluster holding fewer than the privacy floor of a client's rows is withheld by that client.
 
-The server then scores each candidate (`candidate_criteria`) with `fedapp.metrics.label_free`: the
-squared distances are moved exactly from the candidate centre c to the pooled mean mu by
-sum ||x - mu||^2 = sum ||x - c||^2 - n ||mu - c||^2 (both terms arrive in round B), so inertia and
-Calinski-Harabasz are those of the pooled clustering; Davies-Bouldin's spreads and the silhouette are
-taken around c (one Lloyd step away from mu). `choose_k` applies the documented rule (`RULE`).
+The server then scores each candidate (`candidate_criteria`): the label-free criteria of
+`fedapp.metrics.label_free` (squared distances moved exactly from the candidate centre c to the pooled
+mean mu by sum ||x - mu||^2 = sum ||x - c||^2 - n ||mu - c||^2, so inertia and Calinski-Harabasz are those
+of the pooled clustering; Davies-Bouldin's spreads and the silhouette taken around c), and the
+**stability**: the adjusted Rand index between the two clusterings of each split pair over every record
+of the federation, averaged over the pairs (Ben-Hur, Elisseeff & Guyon 2002; Lange et al. 2004: a k that
+matches structure in the data is found again from other data, a k that cuts through a cluster is not).
+Stability alone is fooled by the shape of a cloud without clusters: 2-means splits an elongated Gaussian
+the same way every time. So the server also measures it on a **null** of the same shape (`null_rows`: one
+Gaussian with the union's between-centre covariance plus the clients' within-centre spread, from round A's
+centres, sizes and each client's sum of squared norms), split over clients of the same sizes, through the
+same pipeline (Tibshirani, Walther & Hastie's gap statistic and Lange et al.'s normalisation do the same
+with a reference distribution). The rule works on the excess, stability minus the null's, so a k is
+chosen for structure the data has beyond its shape; no extra round, the null costs the server's CPU.
+`choose_k` applies the rule (`RULE`); `confidence` says how sure it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedapp.maths.clustering import kmeans, squared_distances
+from fedapp.maths.clustering import kmeans, nearest_centre, squared_distances
 from fedapp.metrics.label_free import (
     ClusterSums,
     DistanceSums,
@@ -39,9 +53,24 @@ from fedapp.metrics.label_free import (
 from fedapp.privacy.floor import floored_kmeans
 
 DEFAULT_K_MIN, DEFAULT_K_MAX = 2, 30
+DENSE_UP_TO = 30  # every k up to here is a candidate; beyond it a geometric grid (`candidate_ks`)
+GRID_RATIO = 1.1  # the grid's step beyond DENSE_UP_TO: k grows by ~10 % (NMI moves little in such a step)
+UNION_PER_K = 10  # round A: the clients' local centres together number ~10 per candidate k (`local_k`)
 SERVER_RESTARTS = 10  # k-means++ restarts of the server's clustering of the union, per candidate
-CRITERIA = ("simplified_silhouette", "calinski_harabasz", "davies_bouldin")
-RULE = "davies_bouldin"  # see `choose_k` (validated on the benchmarks in docs/model-selection.md)
+SPLIT_RESTARTS = 3  # and of each half of a split pair
+SPLITS = 4  # pairs of disjoint halves of the union whose clusterings are compared (`split_centres`)
+LOCAL_RESTARTS_ABOVE = 100  # local k' above this: 3 restarts instead of 10 (cost grows with k' x restarts)
+CRITERIA = ("stability", "simplified_silhouette", "calinski_harabasz", "davies_bouldin")
+RULES = ("stability", "silhouette", "calinski_harabasz", "davies_bouldin")
+RULE = "stability"  # see `choose_k` (validated leaving one dataset out: docs/model-selection.md)
+# The stability rule takes the largest k whose stability is within this of the most stable candidate's,
+# and calls the evidence weak where no candidate reaches WEAK_STABILITY. Both were chosen leaving one
+# dataset out (`simulation.bench.selection --loo`): each benchmark's row in docs/model-selection.md uses
+# the values fitted on the others; these are the values fitted on all of them.
+STABILITY_TOLERANCE = 0.05
+WEAK_STABILITY = 0.5
+EXTEND_FACTOR = 2  # a choice on the top of the range doubles k-max (`KChoice`, `fedapp tune`)
+NULL_ROWS = 10_000  # the null's records at most (the federation's count below that)
 
 
 class SelectionError(ValueError):
@@ -54,41 +83,164 @@ def check_range(k_min: int, k_max: int) -> None:
         raise SelectionError(f"k-min={k_min}, k-max={k_max}: need 2 <= k-min <= k-max")
 
 
-def local_summary(X: np.ndarray, k_max: int, seed: int, floor: int) -> tuple[np.ndarray, np.ndarray]:
-    """Client, round A: (centres (k', D), sizes (k',)) of a floored local k-means with k' <= k_max."""
-    centres, counts, _ = floored_kmeans(np.asarray(X, dtype=np.float64), k_max, seed, floor)
-    return centres, counts
+def candidate_ks(k_min: int, k_max: int) -> list[int]:
+    """Every k in [k_min, DENSE_UP_TO], then a geometric grid (ratio GRID_RATIO) up to k_max, k_max
+    included: the candidates whose statistics round B asks for (k = 2..240 is 29 + 23 candidates)."""
+    check_range(k_min, k_max)
+    ks = list(range(k_min, min(k_max, DENSE_UP_TO) + 1))
+    k = float(max(ks[-1], k_min)) if ks else float(k_min)
+    while ks and ks[-1] < k_max:
+        k *= GRID_RATIO
+        step = min(max(int(round(k)), ks[-1] + 1), k_max)
+        ks.append(step)
+    if not ks:  # k_min beyond the dense part: the grid from k_min
+        ks, k = [k_min], float(k_min)
+        while ks[-1] < k_max:
+            k *= GRID_RATIO
+            ks.append(min(max(int(round(k)), ks[-1] + 1), k_max))
+    return ks
+
+
+def local_k(k_max: int, clients: int) -> int:
+    """Round A's local k' per client before the privacy floor's cap: at least k_max, and enough for the
+    union of `clients` clients' centres to hold UNION_PER_K per candidate k (stability needs each half
+    of the union to hold several centres per cluster): 30 on 10 clients, 100 on 3, at k-max 30."""
+    return max(k_max, -(-UNION_PER_K * k_max // max(clients, 1)))
+
+
+def local_summary(X: np.ndarray, k_local: int, seed: int, floor: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Client, round A: (centres (k', D), sizes (k',)) of a floored local k-means with k' <= k_local, and
+    the sum of the rows' squared norms (with the centres and sizes it gives the spread around them)."""
+    restarts = 10 if k_local <= LOCAL_RESTARTS_ABOVE else 3
+    X = np.asarray(X, dtype=np.float64)
+    centres, counts, _ = floored_kmeans(X, k_local, seed, floor, n_init=restarts)
+    return centres, counts, float(np.einsum("ij,ij->", X, X))
+
+
+def _union(centres: Sequence[np.ndarray], sizes: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    union = np.concatenate([np.asarray(c, dtype=np.float64) for c in centres])
+    weights = np.concatenate([np.asarray(s, dtype=np.float64) for s in sizes])
+    return union, weights
+
+
+def largest_candidate(union_size: int) -> int:
+    """The largest k the union of local centres can score: each half of a split pair must hold k."""
+    return union_size // 2
 
 
 def candidate_centres(
-    centres: Sequence[np.ndarray], sizes: Sequence[np.ndarray], k_min: int, k_max: int, seed: int
+    centres: Sequence[np.ndarray], sizes: Sequence[np.ndarray], ks: Sequence[int], seed: int
 ) -> dict[int, np.ndarray]:
-    """Server, after round A: for every k in [k_min, min(k_max, number of centres)], the k centres of a
-    size-weighted k-means over the union of the clients' local centres (k-FED's server step)."""
-    check_range(k_min, k_max)
-    union = np.concatenate([np.asarray(c, dtype=np.float64) for c in centres])
-    weights = np.concatenate([np.asarray(s, dtype=np.float64) for s in sizes])
-    if union.shape[0] < k_min:
-        raise SelectionError(f"the clients sent {union.shape[0]} local centres, fewer than k-min={k_min}")
-    top = min(k_max, union.shape[0])
-    return {
-        k: kmeans(union, k, seed, sample_weight=weights, n_init=SERVER_RESTARTS)[0]
-        for k in range(k_min, top + 1)
-    }
+    """Server, after round A: for every k in `ks` the union can score (`largest_candidate`), the k
+    centres of a size-weighted k-means over the union of the clients' local centres (k-FED's server
+    step)."""
+    union, weights = _union(centres, sizes)
+    usable = [k for k in ks if k <= largest_candidate(union.shape[0])]
+    if not usable:
+        raise SelectionError(
+            f"the clients sent {union.shape[0]} local centres: too few for k-min={min(ks)} "
+            "(each half of the union must hold k; the privacy floor caps a client's centres at n / floor)"
+        )
+    return {k: kmeans(union, k, seed, sample_weight=weights, n_init=SERVER_RESTARTS)[0] for k in usable}
+
+
+def split_centres(
+    centres: Sequence[np.ndarray],
+    sizes: Sequence[np.ndarray],
+    ks: Sequence[int],
+    seed: int,
+    splits: int = SPLITS,
+) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
+    """Server, after round A: for every k, `splits` pairs of centre sets, each pair clustered (size-weighted
+    k-means) from two disjoint random halves of the union of local centres."""
+    union, weights = _union(centres, sizes)
+    rng = np.random.default_rng([seed, 0x5B])
+    halves = []
+    for _ in range(splits):
+        order = rng.permutation(union.shape[0])
+        halves.append((order[: union.shape[0] // 2], order[union.shape[0] // 2 :]))
+    out: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for k in ks:
+        pairs = []
+        for index, (a, b) in enumerate(halves):
+            fit_a = kmeans(union[a], k, seed + index, sample_weight=weights[a], n_init=SPLIT_RESTARTS)[0]
+            fit_b = kmeans(union[b], k, seed + index, sample_weight=weights[b], n_init=SPLIT_RESTARTS)[0]
+            pairs.append((fit_a, fit_b))
+        out[k] = pairs
+    return out
+
+
+def null_rows(
+    centres: Sequence[np.ndarray],
+    sizes: Sequence[np.ndarray],
+    squares: Sequence[float],
+    seed: int,
+    limit: int = NULL_ROWS,
+) -> list[np.ndarray]:
+    """The null: one Gaussian with the federation's mean and shape, as rows of clients of the same
+    relative sizes (at most `limit` rows in all). Its covariance is the size-weighted covariance of the
+    union of local centres (the between-centre part, of rank <= the union's size) plus the clients' spread
+    around their centres, W = sum ||x||^2 - sum n_j ||c_j||^2, spread evenly over the dimensions."""
+    union, weights = _union(centres, sizes)
+    n = float(weights.sum())
+    mean = weights @ union / n
+    factor = np.sqrt(weights / n)[:, None] * (union - mean)  # factor.T @ factor = between-centre covariance
+    within = max(float(np.sum(squares)) - float(weights @ (union**2).sum(1)), 0.0)
+    spread = np.sqrt(within / (n * union.shape[1]))
+    rng = np.random.default_rng([seed, 0x0B])
+    rows = [int(np.sum(s)) for s in sizes]
+    take = [max(1, int(round(r * min(1.0, limit / sum(rows))))) for r in rows]
+    out = []
+    for count in take:
+        draws = rng.standard_normal((count, factor.shape[0])) @ factor
+        out.append(mean + draws + spread * rng.standard_normal((count, union.shape[1])))
+    return out
+
+
+def null_stability(
+    rows: Sequence[np.ndarray], ks: Sequence[int], k_local: int, floor: int, seed: int
+) -> dict[int, float | None]:
+    """The stability of each k on the null's clients (`null_rows`), through rounds A and B as the real
+    clients run them: their local centres, split pairs from that union, agreement over the null's rows."""
+    summaries = [local_summary(X, k_local, seed + index, floor) for index, X in enumerate(rows)]
+    centres, sizes = [c for c, _, _ in summaries], [s for _, s, _ in summaries]
+    largest = largest_candidate(sum(len(c) for c in centres))
+    usable = [k for k in ks if k <= largest]
+    pairs = split_centres(centres, sizes, usable, seed)
+    out: dict[int, float | None] = {k: None for k in ks}
+    for k in usable:
+        agreement = sum(_agreement(X, pairs[k]) for X in rows)
+        out[k] = stability(agreement)[0]
+    return out
+
+
+def _agreement(X: np.ndarray, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The split pairs' contingency tables over the rows X (splits, k, k)."""
+    k = pairs[0][0].shape[0] if pairs else 0
+    agreement = np.zeros((len(pairs), k, k), dtype=np.int64)
+    for index, (fit_a, fit_b) in enumerate(pairs):
+        np.add.at(agreement[index], (nearest_centre(X, fit_a), nearest_centre(X, fit_b)), 1)
+    return agreement
 
 
 @dataclass(frozen=True)
 class CandidateStats:
-    """Round B for one candidate: pass-1 sums and distance sums around the candidate's own centres."""
+    """Round B for one candidate: pass-1 sums and distance sums around the candidate's own centres, and
+    the contingency tables (splits, k, k) of the split pairs' two clusterings."""
 
     sums: ClusterSums
     distances: DistanceSums
+    agreement: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
 
 
-def _statistics(X: np.ndarray, centres: np.ndarray, floor: int) -> CandidateStats:
+def _statistics(
+    X: np.ndarray, centres: np.ndarray, floor: int, pairs: Sequence[tuple[np.ndarray, np.ndarray]]
+) -> CandidateStats:
     """Counts, sums, distance and squared-distance sums to `centres`, and the simplified silhouette, of
-    the rows whose cluster holds at least `floor` of this client's rows (the others are withheld)."""
+    the rows whose cluster holds at least `floor` of this client's rows (the others are withheld); the
+    split pairs' contingency tables over every row (counts of rows, no values)."""
     k = centres.shape[0]
+    agreement = _agreement(X, pairs) if pairs else np.zeros((0, k, k), dtype=np.int64)
     squared = squared_distances(X, centres)
     labels = squared.argmin(1)
     kept = np.bincount(labels, minlength=k)[labels] >= floor
@@ -111,16 +263,20 @@ def _statistics(X: np.ndarray, centres: np.ndarray, floor: int) -> CandidateStat
         float(np.clip(s.sum(), -X.shape[0], X.shape[0])),
         int(X.shape[0]),
     )
-    return CandidateStats(ClusterSums(counts, sums), distances)
+    return CandidateStats(ClusterSums(counts, sums), distances, agreement)
 
 
 def candidate_statistics(
-    X: np.ndarray, candidates: dict[int, np.ndarray], floor: int = 1
+    X: np.ndarray,
+    candidates: dict[int, np.ndarray],
+    floor: int = 1,
+    pairs: dict[int, list[tuple[np.ndarray, np.ndarray]]] | None = None,
 ) -> dict[int, CandidateStats]:
     """Client, round B: this client's statistics for every candidate at once (all of them sums); a
     cluster with fewer than the privacy `floor` of its rows is sent as empty (its rows left out)."""
     X = np.asarray(X, dtype=np.float64)
-    return {k: _statistics(X, centres, floor) for k, centres in candidates.items()}
+    pairs = pairs or {}
+    return {k: _statistics(X, centres, floor, pairs.get(k, [])) for k, centres in candidates.items()}
 
 
 def merge_statistics(parts: Sequence[dict[int, CandidateStats]]) -> dict[int, CandidateStats]:
@@ -131,13 +287,43 @@ def merge_statistics(parts: Sequence[dict[int, CandidateStats]]) -> dict[int, Ca
         k: CandidateStats(
             merge_cluster_sums(part[k].sums for part in parts),
             merge_distance_sums(part[k].distances for part in parts),
+            sum((part[k].agreement for part in parts), np.zeros_like(parts[0][k].agreement)),
         )
         for k in parts[0]
     }
 
 
+def adjusted_rand(table: np.ndarray) -> float | None:
+    """Hubert & Arabie's adjusted Rand index from a contingency table (as scikit-learn's
+    `adjusted_rand_score`); None for fewer than two rows."""
+    table = np.asarray(table, dtype=np.float64)
+    n = table.sum()
+    if n < 2:
+        return None
+
+    def pairs(x: np.ndarray) -> float:
+        return float((x * (x - 1.0)).sum() / 2.0)
+
+    both, rows, cols = pairs(table), pairs(table.sum(1)), pairs(table.sum(0))
+    expected = rows * cols / (n * (n - 1.0) / 2.0)
+    ceiling = (rows + cols) / 2.0
+    return 1.0 if ceiling == expected else (both - expected) / (ceiling - expected)
+
+
+def stability(agreement: np.ndarray) -> tuple[float | None, float | None]:
+    """The mean adjusted Rand index of the split pairs' clusterings over every record, and its standard
+    error over the pairs (None, None: no pairs)."""
+    scores = [adjusted_rand(table) for table in agreement]
+    scores = [s for s in scores if s is not None]
+    if not scores:
+        return None, None
+    error = float(np.std(scores, ddof=1) / np.sqrt(len(scores))) if len(scores) > 1 else 0.0
+    return float(np.mean(scores)), error
+
+
 def candidate_criteria(stats: CandidateStats, centres: np.ndarray) -> dict[str, float | None]:
-    """Server: inertia, CH, DB and the simplified silhouette of one candidate (module docstring)."""
+    """Server: inertia, stability, CH, DB and the simplified silhouette of one candidate (module
+    docstring)."""
     counts = stats.sums.counts
     shift = ((pooled_means(stats.sums) - centres) ** 2).sum(1) * counts  # n_k ||mu_k - c_k||^2
     squared = np.maximum(stats.distances.squared_sums - shift, 0.0) * (counts > 0)
@@ -145,49 +331,226 @@ def candidate_criteria(stats: CandidateStats, centres: np.ndarray) -> dict[str, 
         stats.distances.distance_sums, squared, stats.distances.silhouette_sum, stats.distances.n
     )
     metrics = label_free_metrics(stats.sums, moved)
-    return {name: metrics[name] for name in ("inertia", *CRITERIA)} | {
-        "clusters_used": metrics["n_clusters_used"]
-    }  # type: ignore[return-value]
+    mean, error = stability(stats.agreement)
+    return {
+        "inertia": metrics["inertia"],
+        "stability": mean,
+        "stability_error": error,
+        **{name: metrics[name] for name in CRITERIA if name != "stability"},  # type: ignore[misc]
+        "clusters_used": metrics["n_clusters_used"],
+    }
 
 
-def choose_k(table: dict[int, dict[str, float | None]], rule: str = RULE) -> int:
-    """The chosen k: `davies_bouldin` (the default) takes the smallest DB, `silhouette` the largest
-    simplified silhouette, `calinski_harabasz` the largest CH; ties go to the smaller k. Candidates a
-    criterion cannot score (fewer than two non-empty clusters) are skipped. On the benchmarks DB came
-    within 5 NMI of the true k's clustering most often (docs/model-selection.md); CH always chose 2."""
+def _criterion(rule: str) -> str:
     name = {"silhouette": "simplified_silhouette"}.get(rule, rule)
     if name not in CRITERIA:
-        raise SelectionError(f"unknown rule {rule!r}; one of silhouette, calinski_harabasz, davies_bouldin")
-    sign = -1.0 if name == "davies_bouldin" else 1.0
-    scored = [(sign * float(row[name]), -k) for k, row in table.items() if row.get(name) is not None]
+        raise SelectionError(f"unknown rule {rule!r}; one of {', '.join(RULES)}")
+    return name
+
+
+def excess(row: dict[str, float | None]) -> float | None:
+    """A candidate's stability beyond its null's (the raw stability where no null was measured)."""
+    raw, null = row.get("stability"), row.get("null_stability")
+    if raw is None:
+        return None
+    return raw - null if null is not None else raw
+
+
+def choose_k(
+    table: dict[int, dict[str, float | None]], rule: str = RULE, tolerance: float = STABILITY_TOLERANCE
+) -> int:
+    """The chosen k. `stability` (the default): the largest k whose stability beyond the null's
+    (`excess`) is within `tolerance` of the best candidate's: a k past the data's structure cuts clusters
+    at random and loses stability, while among equally stable ks the larger keeps more apart (NMI falls
+    faster when clusters merge than when they split). `davies_bouldin` takes the smallest DB,
+    `silhouette` the largest simplified silhouette, `calinski_harabasz` the largest CH (ties: the smaller
+    k). Candidates a criterion cannot score (fewer than two non-empty clusters) are skipped."""
+    name = _criterion(rule)
+    values = {k: excess(row) if name == "stability" else row.get(name) for k, row in table.items()}
+    scored = {k: float(v) for k, v in values.items() if v is not None}
     if not scored:
         raise SelectionError("no candidate k could be scored (every candidate has one non-empty cluster)")
-    return -max(scored)[1]
+    if name == "stability":
+        top = max(scored.values())
+        return max(k for k, value in scored.items() if value >= top - tolerance)
+    sign = -1.0 if name == "davies_bouldin" else 1.0
+    return -max((sign * value, -k) for k, value in scored.items())[1]
+
+
+def confidence(
+    table: dict[int, dict[str, float | None]],
+    chosen: int,
+    tolerance: float = STABILITY_TOLERANCE,
+    weak_below: float = WEAK_STABILITY,
+) -> dict[str, object]:
+    """How sure the choice is, from the stability beyond the null (`excess`) whatever the rule: the chosen
+    k's, the best one's, the ks within `tolerance` of the best (the plateau the data does not decide
+    within), the runner-up ks (the most stable others outside the chosen k's neighbours) and the verdict:
+    `weak` where no candidate is stable beyond its null by `weak_below` (clusterings of the same data
+    disagree as much as those of a structureless cloud of its shape: Gaussian noise, a uniform box),
+    else `strong`."""
+    scored = {k: float(v) for k, row in table.items() if (v := excess(row)) is not None}
+    if not scored:
+        return {"verdict": "weak", "why": "no candidate's stability could be measured"}
+    top = max(scored.values())
+    plateau = sorted(k for k, v in scored.items() if v >= top - tolerance)
+    others = sorted((k for k in scored if abs(k - chosen) > max(1, chosen // 10)), key=lambda k: -scored[k])[
+        :2
+    ]
+    verdict, why = "strong", f"stability beyond the null {top:.2f} >= {weak_below}"
+    if top < weak_below:
+        verdict = "weak"
+        why = (
+            f"no candidate k is stable beyond a structureless cloud of the data's shape (best "
+            f"{top:.2f} < {weak_below})"
+        )
+    return {
+        "verdict": verdict,
+        "why": why,
+        "stability": table[chosen].get("stability"),
+        "excess": scored.get(chosen),
+        "best_excess": top,
+        "plateau": [plateau[0], plateau[-1]],
+        "runner_up": others,
+    }
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The outcome: every candidate's criteria, the rule and the chosen k (tune.json, summary.json)."""
+    """The outcome: every candidate's criteria, the rule, the chosen k and how sure it is (tune.json,
+    summary.json)."""
 
     table: dict[int, dict[str, float | None]]
     rule: str
     k: int
+    confidence: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         rows = [{"k": k, **row} for k, row in sorted(self.table.items())]
-        return {"rule": self.rule, "chosen_k": self.k, "candidates": rows}
+        return {"rule": self.rule, "chosen_k": self.k, "confidence": self.confidence, "candidates": rows}
+
+
+class KSearch:
+    """The choice over one or more passes of rounds A and B: a choice on the top of the range doubles
+    k-max (`EXTEND_FACTOR`) and asks again for the new candidates only, until the choice lies inside the
+    range, `extend` is off, or the union of local centres cannot score a larger k (the privacy floor caps
+    each client's local centres at n / floor). The server's side of `KChoice` and `select_k`."""
+
+    def __init__(
+        self, k_min: int, k_max: int, rule: str = RULE, *, floor: int = 1, extend: bool = True
+    ) -> None:
+        check_range(k_min, k_max)
+        _criterion(rule)
+        self.k_min, self.k_max, self.rule, self.floor, self.extend = k_min, k_max, rule, floor, extend
+        self.requested_max = k_max
+        self.table: dict[int, dict[str, float | None]] = {}
+        self.candidates: dict[int, np.ndarray] = {}
+        self.passes = 0
+        self.rows: list[int] = []  # each client's record count (its round-A sizes' sum, as in k-FED)
+        self.null: dict[int, float | None] = {}  # this pass's null stability of its candidates
+        self.capped: int | None = None  # the largest k the clients' local centres allow, when below k-max
+
+    def pending(self) -> list[int]:
+        """The candidate ks of the current range not scored yet (round B of this pass)."""
+        return [k for k in candidate_ks(self.k_min, self.k_max) if k not in self.table]
+
+    def local_k(self, clients: int) -> int:
+        """Round A's k' per client for this pass (`local_k`)."""
+        return local_k(self.k_max, clients)
+
+    def plan(
+        self,
+        centres: Sequence[np.ndarray],
+        sizes: Sequence[np.ndarray],
+        seed: int,
+        squares: Sequence[float] | None = None,
+    ) -> tuple[dict[int, np.ndarray], dict[int, list[tuple[np.ndarray, np.ndarray]]]]:
+        """After round A: the pending candidates the union can score and their split pairs ({} when the
+        union can score none of them: an extension the privacy floor stopped), and, from the clients'
+        sums of squared norms, the null's stability of the same candidates (`null_stability`)."""
+        self.rows = [int(np.sum(s)) for s in sizes]
+        largest = largest_candidate(sum(len(c) for c in centres))
+        pending = self.pending()
+        usable = [k for k in pending if k <= largest]
+        if len(usable) < len(pending):
+            self.capped = largest
+        if not usable and self.table:
+            return {}, {}
+        candidates = candidate_centres(centres, sizes, pending, seed + self.passes)
+        ks = sorted(candidates)
+        self.null = {}
+        if squares is not None:
+            null = null_rows(centres, sizes, squares, seed + self.passes)
+            k_local = self.local_k(len(centres))
+            self.null = null_stability(null, ks, k_local, self.floor, seed + self.passes)
+        return candidates, split_centres(centres, sizes, ks, seed + self.passes)
+
+    def take(self, merged: dict[int, CandidateStats], candidates: dict[int, np.ndarray]) -> bool:
+        """After round B: score the candidates; True when the range is extended (another pass)."""
+        self.passes += 1
+        self.candidates.update(candidates)
+        for k in candidates:
+            self.table[k] = {
+                **candidate_criteria(merged[k], candidates[k]),
+                "null_stability": self.null.get(k),
+            }
+        chosen = choose_k(self.table, self.rule)
+        if chosen < max(self.table) or not self.extend or self.capped is not None:
+            return False
+        if confidence(self.table, chosen)["verdict"] == "weak":  # no stable k at all: more k will not help
+            return False
+        # the next pass's union, as the floor caps each client's k' (merges may make it smaller still)
+        next_max = self.k_max * EXTEND_FACTOR
+        union = sum(min(local_k(next_max, len(self.rows)), n // max(self.floor, 1)) for n in self.rows)
+        if largest_candidate(union) <= max(self.table):
+            self.capped = largest_candidate(union)
+            return False
+        self.k_max = next_max
+        return True
+
+    def selection(self) -> Selection:
+        """The outcome of the passes so far, with its confidence and what the range was."""
+        chosen = choose_k(self.table, self.rule)
+        sure = confidence(self.table, chosen)
+        tried = [min(self.table), max(self.table)]
+        sure["range"] = tried
+        if chosen == tried[1] and sure["verdict"] == "strong":  # a weak choice says its own why
+            if self.capped is not None:
+                why = (
+                    f"the best k is the largest the clients' local centres allow ({tried[1]}; the privacy "
+                    "floor caps a client's centres at n / floor): it may lie beyond"
+                )
+            else:
+                why = f"the best k is the top of the range ({tried[1]}; k-extend = false): it may lie beyond"
+            sure.update(verdict="weak", why=why, edge=True)
+        if self.passes > 1:
+            sure["extended"] = {"from": self.requested_max, "to": tried[1], "passes": self.passes}
+        return Selection(self.table, self.rule, chosen, sure)
 
 
 def select_k(
-    client_rows: Sequence[np.ndarray], k_min: int, k_max: int, seed: int, floor: int, rule: str = RULE
+    client_rows: Sequence[np.ndarray],
+    k_min: int,
+    k_max: int,
+    seed: int,
+    floor: int,
+    rule: str = RULE,
+    *,
+    extend: bool = True,
 ) -> tuple[Selection, dict[int, np.ndarray]]:
-    """Both rounds over in-memory clients (tests, benchmarks, the CLI's driver): the selection and every
-    candidate's centres."""
-    summaries = [local_summary(X, k_max, seed + index, floor) for index, X in enumerate(client_rows)]
-    candidates = candidate_centres([c for c, _ in summaries], [s for _, s in summaries], k_min, k_max, seed)
-    merged = merge_statistics([candidate_statistics(X, candidates, floor) for X in client_rows])
-    table = {k: candidate_criteria(merged[k], candidates[k]) for k in candidates}
-    return Selection(table, rule, choose_k(table, rule)), candidates
+    """Both rounds (and their extensions) over in-memory clients (tests, benchmarks, the CLI's driver):
+    the selection and every candidate's centres."""
+    search = KSearch(k_min, k_max, rule, floor=floor, extend=extend)
+    while True:
+        k_local = search.local_k(len(client_rows))
+        summaries = [local_summary(X, k_local, seed + index, floor) for index, X in enumerate(client_rows)]
+        centres, sizes, squares = ([part[i] for part in summaries] for i in range(3))
+        candidates, pairs = search.plan(centres, sizes, seed, squares)
+        if not candidates:
+            return search.selection(), search.candidates
+        merged = merge_statistics([candidate_statistics(X, candidates, floor, pairs) for X in client_rows])
+        if not search.take(merged, candidates):
+            return search.selection(), search.candidates
 
 
 def view_consensus(choices: Sequence[int]) -> int:

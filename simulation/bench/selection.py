@@ -1,91 +1,316 @@
-"""How well k = 0 chooses k on the benchmarks whose k is known (docs/model-selection.md).
+"""How well k = 0 chooses k on data whose k is known, validated leaving one dataset out
+(docs/model-selection.md).
 
-For each benchmark: the selection of `simulation.tune` over 10 IID clients (k in [2, 30]), each rule's
-chosen k, the NMI of the selection's own clustering (nearest candidate centre = k-FED with k' = k-max) at
-that k and at the true k, and the selection's cost. Labels are used only here, to score the choice.
+For each benchmark (every shared set with a known k at full size, and synthetic sets with k = 2..200 or
+no cluster structure at all) the selection of `fedapp.maths.selection` runs over the clients' rows, its
+range extended to `--extend-to` whatever the rule says (a later pass only adds candidates, so the choice
+the default search would make is the one on the table's prefix: `simulate`). Each candidate's criteria
+and the NMI of its clustering (every record to its nearest candidate centre: k-FED with the selection's
+local k') are written to `OUT/<name>-<layout>.json`; labels are used only to score.
 
-    .venv/bin/python -m simulation.bench.selection [--full] [NAME ...]
+`--loo` then chooses the stability rule's two constants (`STABILITY_TOLERANCE`, `WEAK_STABILITY`) on all
+datasets but one family and reports that family with them, for every family in turn:
 
-`--full`: every record of the sets measured on a subsample by default (the text sets, MNIST).
+    .venv/bin/python -m simulation.bench.selection [--layout iid|unequal] [NAME ...]   # measure
+    .venv/bin/python -m simulation.bench.selection --loo [--layout iid|unequal]        # the table
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
 import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
 from fedapp.config.run import parse_run_config
 from fedapp.maths.clustering import nearest_centre
-from fedapp.maths.selection import choose_k
-from simulation.tune import client_rows, tune
+from fedapp.maths.selection import (
+    EXTEND_FACTOR,
+    RULES,
+    STABILITY_TOLERANCE,
+    WEAK_STABILITY,
+    KSearch,
+    candidate_centres,
+    candidate_statistics,
+    choose_k,
+    confidence,
+    local_summary,
+    merge_statistics,
+)
 
-# name -> (method, dataset, max-samples, scaling): the text sets through FSBERT-kFED's sentence embeddings
-# (a class-stratified subsample of 3,000 where embedding all texts on 2 shared CPU cores took too long)
-BENCHMARKS = {
-    "digits": ("kfed", "digits", 0, "none"),
-    "hw": ("kfed", "hw", 0, "none"),
-    "hw-zscore": ("kfed", "hw", 0, "zscore"),
-    "bdgp": ("kfed", "bdgp", 0, "none"),
-    "bdgp-zscore": ("kfed", "bdgp", 0, "zscore"),
-    "mnist": ("kfed", "mnist", 10000, "none"),
-    "agnews": ("fsbert-kfed", "agnews", 0, "none"),
-    "stackoverflow": ("fsbert-kfed", "stackoverflow", 3000, "none"),
-    "biomedical": ("fsbert-kfed", "biomedical", 3000, "none"),
-    "20news": ("fsbert-kfed", "20news", 3000, "none"),
+FLOOR, SEED = 5, 0
+OUT = Path("results/selection-bench")
+# name -> (method, dataset, scaling): text sets through FSBERT-kFED's sentence embeddings, the others
+# through k-FED on their features; a second truth where a set has one (CLINC150's domains)
+REGISTERED = {
+    "digits": ("kfed", "digits", "none"),
+    "hw": ("kfed", "hw", "none"),
+    "hw-zscore": ("kfed", "hw", "zscore"),
+    "bdgp": ("kfed", "bdgp", "none"),
+    "bdgp-zscore": ("kfed", "bdgp", "zscore"),
+    "drybean": ("kfed", "drybean", "none"),
+    "drybean-zscore": ("kfed", "drybean", "zscore"),
+    "mnist": ("kfed", "mnist", "none"),
+    "stackoverflow": ("fsbert-kfed", "stackoverflow", "none"),
+    "biomedical": ("fsbert-kfed", "biomedical", "none"),
+    "agnews": ("fsbert-kfed", "agnews", "none"),
+    "20news": ("fsbert-kfed", "20news", "none"),
+    "clinc150": ("fsbert-kfed", "clinc150", "none"),
 }
-RULES = ("silhouette", "calinski_harabasz", "davies_bouldin")
+SECOND_TRUTH = {"clinc150": "clinc150-domains"}
 
 
-def measure(name: str, clients: int = 10, seed: int = 0, full: bool = False) -> str:
-    """One markdown row: true k, per rule the chosen k and its NMI, NMI at the true k, the cost."""
-    method, dataset, max_samples, scaling = BENCHMARKS[name]
-    max_samples = 0 if full else max_samples
+def _mixture(k: int, dims: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
+    """k unit-variance Gaussian clusters, centres drawn N(0, spread^2), sizes Dirichlet(2) (imbalanced)."""
+    rng = np.random.default_rng([k, dims])
+    centres = rng.normal(size=(k, dims)) * spread
+    per = max(100, 4000 // k)
+    sizes = np.maximum(10, np.round(rng.dirichlet(np.full(k, 2.0)) * per * k)).astype(int)
+    X = np.concatenate([c + rng.normal(size=(s, dims)) for c, s in zip(centres, sizes, strict=True)])
+    y = np.repeat(np.arange(k), sizes)
+    order = rng.permutation(len(y))
+    return X[order], y[order]
+
+
+def _structureless(kind: str, dims: int) -> tuple[np.ndarray, np.ndarray]:
+    """4,000 rows without clusters: an isotropic or an elongated Gaussian, or a uniform box."""
+    rng = np.random.default_rng([dims, len(kind)])
+    scales = np.geomspace(3.0, 0.3, dims)
+    X = {
+        "gauss": lambda: rng.normal(size=(4000, dims)),
+        "gauss-aniso": lambda: rng.normal(size=(4000, dims)) * scales,
+        "uniform": lambda: rng.uniform(size=(4000, dims)) * scales,
+    }[kind]()
+    return X, np.zeros(len(X), dtype=np.int64)
+
+
+SYNTHETIC: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
+    **{
+        f"mix-k{k}-d{d}": (lambda k=k, d=d, s=s: _mixture(k, d, s))
+        for k in (2, 3, 5, 8, 10, 15, 20, 30, 50, 100, 200)
+        for d, s in ((10, 1.6), (50, 0.9))
+    },
+    **{
+        f"none-{kind}-d{d}": (lambda kind=kind, d=d: _structureless(kind, d))
+        for kind in ("gauss", "gauss-aniso", "uniform")
+        for d in (8, 64)
+    },
+}
+
+
+def family(name: str) -> str:
+    """Datasets left out together: the scalings of one set are one family."""
+    return name.removesuffix("-zscore")
+
+
+def _split(n: int, clients: int, layout: str) -> np.ndarray:
+    """Client of each row: `iid` round robin over a seeded permutation, `unequal` 3 sites of 50/30/20 %."""
+    rng = np.random.default_rng(SEED)
+    if layout == "iid":
+        return rng.permutation(n) % clients
+    return rng.choice(3, size=n, p=[0.5, 0.3, 0.2])
+
+
+def _rows(name: str, layout: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Every record (in the selection space), its client and its truths."""
+    if name in SYNTHETIC:
+        X, y = SYNTHETIC[name]()
+        return X, _split(len(y), 10, layout), {"labels": y}
+    from simulation.tune import client_rows
+
+    method, dataset, scaling = REGISTERED[name]
     with tempfile.TemporaryDirectory() as out:
         cfg = parse_run_config(
             {
                 "method": method,
                 "dataset": dataset,
-                "num-clients": clients,
-                "seed": seed,
-                "max-samples": max_samples,
+                "num-clients": 1,
+                "seed": SEED,
                 "scaling": scaling,
                 "out-dir": out,
                 "node-out-dir": f"{out}/nodes/{{partition-id}}",
             }
         )
-        locals_, rows = client_rows(cfg)
-        tuned = tune(cfg, rows)
-    X, y = np.concatenate(rows), np.concatenate([local.labels for local in locals_])
-    true_k = len(np.unique(y))
+        (local,), (X,) = client_rows(cfg)
+    truths = {"labels": np.asarray(local.labels)}
+    if name in SECOND_TRUTH:
+        from fedapp.datasets import load_dataset
 
-    def nmi(k: int) -> float:
-        return 100 * normalized_mutual_info_score(y, nearest_centre(X, tuned.candidates[k]))
+        truths[SECOND_TRUTH[name]] = np.asarray(load_dataset(SECOND_TRUTH[name]).y)
+    return X, _split(len(X), 10, layout), truths
 
-    cells = []
-    for rule in RULES:
-        k = choose_k(tuned.selection.table, rule)
-        cells.append(f"{k} ({nmi(k):.1f})")
-    cost = tuned.cost
-    return (
-        f"| {name} | {true_k} | {' | '.join(cells)} | {nmi(true_k):.1f} | {cost['extra_rounds']} | "
-        f"{cost['bytes_up'] / 1e6:.2f} / {cost['bytes_down'] / 1e6:.2f} | {cost['seconds']:.1f} |"
+
+def measure(name: str, layout: str = "iid", extend_to: int = 240) -> dict[str, Any]:
+    """The full search (extended to `extend_to` as far as the floor allows), every candidate's criteria
+    and NMI (x100), and the NMI at each truth's own k."""
+    X, owner, truths = _rows(name, layout)
+    parts = [np.asarray(X[owner == c], dtype=np.float64) for c in np.unique(owner)]
+    started = time.perf_counter()
+    search = KSearch(2, 30, floor=FLOOR)
+    nmi: dict[int, dict[str, float]] = {}
+    true_nmi: dict[str, float] = {}
+    passes = []
+    lower = 1  # the previous pass's k-max: this pass adds the candidates above it
+    while True:
+        k_local = search.local_k(len(parts))
+        summaries = [local_summary(P, k_local, SEED + i, FLOOR) for i, P in enumerate(parts)]
+        centres, sizes, squares = ([part[i] for part in summaries] for i in range(3))
+        candidates, pairs = search.plan(centres, sizes, SEED, squares)
+        this_max, extended = search.k_max, False
+        if candidates:
+            merged = merge_statistics([candidate_statistics(P, candidates, FLOOR, pairs) for P in parts])
+            extended = search.take(merged, candidates)
+        for k, c in candidates.items():
+            labels = nearest_centre(X, c)
+            nmi[k] = {t: 100 * normalized_mutual_info_score(y, labels) for t, y in truths.items()}
+        # each truth's own k, clustered from the union of the pass whose range holds it
+        for truth, y in truths.items():
+            k_true = len(np.unique(y))
+            if k_true >= 2 and lower < k_true <= this_max:
+                centre = candidate_centres(centres, sizes, [k_true], SEED)[k_true]
+                true_nmi[truth] = 100 * normalized_mutual_info_score(y, nearest_centre(X, centre))
+        passes.append({"k_max": this_max, "local_k": k_local, "union": sum(len(c) for c in centres)})
+        lower = this_max
+        if not candidates or search.capped is not None:
+            break
+        if not extended:
+            search.k_max *= EXTEND_FACTOR
+        if search.k_max > extend_to:
+            break
+    return {
+        "name": name,
+        "layout": layout,
+        "n": int(len(X)),
+        "dims": int(X.shape[1]),
+        "clients": len(parts),
+        "truths": {t: int(len(np.unique(y))) for t, y in truths.items()},
+        "passes": passes,
+        "capped": search.capped,
+        "seconds": round(time.perf_counter() - started, 1),
+        "candidates": {str(k): {**search.table[k], "nmi": nmi[k]} for k in sorted(search.table)},
+        "true_k_nmi": true_nmi,
+    }
+
+
+# ------------------------------------------------------------------------------------- the rule
+def simulate(
+    result: dict[str, Any], rule: str, tolerance: float, weak_below: float
+) -> tuple[int, str, list[int]]:
+    """The (k, verdict, range tried) the default search would reach on this result with these
+    constants: pass after pass, extended while its choice is on top of the range and not weak."""
+    table = {int(k): row for k, row in result["candidates"].items()}
+    top = 30
+    while True:
+        seen = {k: row for k, row in table.items() if k <= top}
+        chosen = choose_k(seen, rule, tolerance)
+        sure = confidence(seen, chosen, tolerance, weak_below)
+        bigger = [k for k in table if k > top]
+        if chosen < max(seen) or sure["verdict"] == "weak" or not bigger:
+            verdict = str(sure["verdict"])
+            if chosen == max(seen):  # on the edge and not extended further: the search says so
+                verdict = "weak"
+            return chosen, verdict, [min(seen), max(seen)]
+        top *= EXTEND_FACTOR
+
+
+def misses(result: dict[str, Any], k: int) -> float | None:
+    """NMI at the truth's own k minus NMI at k (the smallest over the truths); None: no structure."""
+    row = result["candidates"][str(k)]["nmi"]
+    gaps = [result["true_k_nmi"][t] - row[t] for t in result["true_k_nmi"] if t in row]
+    return min(gaps) if gaps else None
+
+
+def loss(results: list[dict[str, Any]], tolerance: float, weak_below: float) -> float:
+    """What the constants are fitted to: a silent miss (> 5 NMI, verdict strong) or a strong verdict on
+    data without structure costs 100; each point missed costs 1; a weak verdict on a hit costs 2."""
+    total = 0.0
+    for result in results:
+        k, verdict, _ = simulate(result, "stability", tolerance, weak_below)
+        miss = misses(result, k)
+        if miss is None:
+            total += 100.0 if verdict == "strong" else 0.0
+            continue
+        total += max(miss, 0.0) + (100.0 if miss > 5 and verdict == "strong" else 0.0)
+        total += 2.0 if verdict == "weak" and miss <= 5 else 0.0
+    return total
+
+
+TOLERANCES = (0.0, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15)
+WEAK_LEVELS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+
+
+def fit(results: list[dict[str, Any]]) -> tuple[float, float]:
+    """The constants with the smallest loss on `results` (ties: the first in grid order)."""
+    return min(((t, w) for t in TOLERANCES for w in WEAK_LEVELS), key=lambda tw: loss(results, *tw))
+
+
+def loo_table(results: list[dict[str, Any]]) -> str:
+    families = sorted({family(r["name"]) for r in results})
+    lines = [
+        "| benchmark | true k | n | DB: k (NMI) | silhouette: k (NMI) | constants fitted without it "
+        "| **stability: k (NMI)** | range tried | stability at k | verdict | NMI at true k | miss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for result in sorted(results, key=lambda r: (r["name"] in SYNTHETIC, r["name"])):
+        others = [r for r in results if family(r["name"]) != family(result["name"])]
+        tolerance, weak_below = fit(others)
+        k, verdict, tried = simulate(result, "stability", tolerance, weak_below)
+        cells = []
+        for rule in ("davies_bouldin", "silhouette"):
+            rk = simulate(result, rule, tolerance, weak_below)[0]
+            cells.append(f"{rk} ({_nmi(result, rk)})")
+        miss = misses(result, k)
+        truth = " / ".join(str(v) for v in result["truths"].values())
+        true_nmi = " / ".join(f"{v:.1f}" for v in result["true_k_nmi"].values()) or "-"
+        stab = result["candidates"][str(k)]["stability"]
+        lines.append(
+            f"| {result['name']} | {truth} | {result['n']} | {cells[0]} | {cells[1]} "
+            f"| {tolerance:g}, {weak_below:g} | **{k} ({_nmi(result, k)})** | {tried[0]}..{tried[1]} "
+            f"| {stab:.2f} | {verdict} | {true_nmi} | {'-' if miss is None else f'{miss:+.1f}'} |"
+        )
+    tolerance, weak_below = fit(results)
+    lines.append(
+        f"\nfitted on all {len(families)} families: tolerance {tolerance:g}, weak below {weak_below:g}"
     )
+    return "\n".join(lines)
 
 
-def main(args: list[str]) -> None:
-    full = "--full" in args
-    names = [arg for arg in args if arg != "--full"]
-    print(
-        "| benchmark | true k | silhouette: k (NMI) | CH: k (NMI) | DB: k (NMI) | NMI at true k "
-        "| extra rounds | MB up / down | seconds |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in names or list(BENCHMARKS):
-        print(measure(name, full=full), flush=True)
+def _nmi(result: dict[str, Any], k: int) -> str:
+    return " / ".join(f"{v:.1f}" for v in result["candidates"][str(k)]["nmi"].values())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m simulation.bench.selection")
+    parser.add_argument("names", nargs="*", help="benchmarks to measure (default: all)")
+    parser.add_argument("--layout", choices=("iid", "unequal"), default="iid")
+    parser.add_argument("--loo", action="store_true", help="print the leave-one-dataset-out table")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--extend-to", type=int, default=240)
+    args = parser.parse_args(argv)
+    if args.loo:
+        results = [json.loads(p.read_text()) for p in sorted(args.out.glob(f"*-{args.layout}.json"))]
+        print(loo_table(results))
+        print(
+            f"(defaults in fedapp/maths/selection.py: {STABILITY_TOLERANCE}, {WEAK_STABILITY}; rules {RULES})"
+        )
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.names or [*REGISTERED, *SYNTHETIC]:
+        result = measure(name, args.layout, args.extend_to)
+        (args.out / f"{name}-{args.layout}.json").write_text(json.dumps(result) + "\n")
+        k, verdict, tried = simulate(result, "stability", STABILITY_TOLERANCE, WEAK_STABILITY)
+        print(
+            f"{name}: k {k} ({_nmi(result, k)}), {verdict}, tried {tried}, true-k NMI "
+            f"{result['true_k_nmi']}, {result['seconds']} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
