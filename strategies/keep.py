@@ -192,31 +192,26 @@ class ModelChoice:
             start_metrics = self.summary.get("labelled", {}).get("start")
             if start_metrics:  # the run's metrics are the kept model's
                 host.final_metrics = {**(host.final_metrics or {}), **start_metrics}
-            scores = choice.scores
             host.warn(
-                f"training made the clustering worse (Calinski-Harabasz in the starting space "
-                f"{_fmt(scores['final'])} against {_fmt(scores['start'])} at the start): kept the starting "
-                "clustering"
+                f"training made the clustering worse ({choice.why}, in the starting clustering's space): "
+                "kept the starting clustering"
                 + (
                     f" (`--method {start.method}` is the one-shot method it amounts to)"
                     if start.method
                     else ""
                 )
             )
-        log(
-            INFO,
-            "model choice: kept the %s clustering (CH start %s, final %s)",
-            choice.kept,
-            _fmt(choice.scores["start"]),
-            _fmt(choice.scores["final"]),
-        )
+        log(INFO, "model choice: kept the %s clustering (%s)", choice.kept, choice.why)
 
     def _describe(self, choice: Choice, tables: dict[str, list[np.ndarray]], clients: int) -> dict[str, Any]:
         summary: dict[str, Any] = {
             "kept": choice.kept,
-            "criterion": "calinski_harabasz in the starting clustering's space",
+            "why": choice.why,
+            "criterion": "SSB / SSW in the starting clustering's space (fedapp/report/keep.py)",
             "scores": choice.scores,
+            "calinski_harabasz": {name: s.calinski_harabasz for name, s in choice.scatter.items()},
             "clusters_used": choice.clusters_used,
+            "scatter": {name: s.to_json() for name, s in choice.scatter.items()},
             "clients": clients,
         }
         if all(tables.values()):
@@ -245,10 +240,6 @@ class ModelChoice:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.summary, self.start = state["summary"], state["start"]
-
-
-def _fmt(value: float | None) -> str:
-    return "none" if value is None else f"{value:.4g}"
 
 
 def _tables(metrics: dict[str, Any]) -> dict[str, np.ndarray]:

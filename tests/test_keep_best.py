@@ -1,5 +1,6 @@
-"""`select = best` (`fedapp.report.keep`): the one-message Calinski–Harabasz from summable statistics equals
-scikit-learn's, the rule keeps the trained model unless it is clearly worse, and end to end an FSTC run
+"""`select = best` (`fedapp.report.keep`): the one-message scatter (SSB, SSW, Calinski–Harabasz) from summable
+statistics equals scikit-learn's, the rule keeps the trained model unless it is clearly worse and is not
+fooled by a model that empties clusters, and end to end an FSTC run
 whose training is forced to wreck the clustering keeps (and saves, and `predict`s with) its start, while
 `select = final` keeps the last model and sends no scoring message."""
 
@@ -15,6 +16,7 @@ from sklearn.metrics import calinski_harabasz_score
 
 from fedapp.launch.resolve import build_overrides
 from fedapp.report.keep import (
+    COLLAPSE_FRACTION,
     KEEP_MARGIN,
     CandidateSums,
     calinski_harabasz,
@@ -23,6 +25,7 @@ from fedapp.report.keep import (
     decode_candidate_sums,
     encode_candidate_sums,
     merge_candidate_sums,
+    scatter,
 )
 from fedapp.report.model_store import read_model
 from fedapp.wire import ReplyError
@@ -50,9 +53,14 @@ def test_ch_from_split_sums_equals_scikit_learn() -> None:
     ]
     merged = merge_candidate_sums(halves)
     for i, labels in enumerate((good, bad)):
-        ours = calinski_harabasz(merged.counts[i], merged.sums[i], float(merged.squared_norms[i]))
+        ours = calinski_harabasz(merged.counts[i], merged.sums[i], merged.squared_norms[i])
         assert ours == pytest.approx(calinski_harabasz_score(x, labels), rel=1e-9)
-    assert calinski_harabasz(np.array([300, 0, 0, 0]), merged.sums[0], 1.0) is None  # one cluster: none
+        spread = scatter(merged.counts[i], merged.sums[i], merged.squared_norms[i])
+        within = sum(((x[labels == c] - x[labels == c].mean(0)) ** 2).sum() for c in range(K))
+        assert spread.within == pytest.approx(within, rel=1e-9)
+        assert spread.between == pytest.approx(((x - x.mean(0)) ** 2).sum() - within, rel=1e-9)
+    one = calinski_harabasz(np.array([300, 0, 0, 0]), merged.sums[0], np.ones(K))
+    assert one is None  # one cluster: none
 
 
 def test_records_of_clusters_below_the_floor_sit_out() -> None:
@@ -60,7 +68,8 @@ def test_records_of_clusters_below_the_floor_sit_out() -> None:
     labels[:3] = K  # a fifth cluster of 3 records
     sums = candidate_sums(x, [labels, labels], K + 1, floor=5)
     assert sums.counts[0, K] == 0 and sums.counts[0].sum() == 47
-    np.testing.assert_allclose(sums.squared_norms[0], (x[3:] ** 2).sum())
+    np.testing.assert_allclose(sums.squared_norms[0].sum(), (x[3:] ** 2).sum())
+    assert sums.squared_norms[0, K] == 0.0
 
 
 def test_the_rule_keeps_the_trained_model_unless_it_is_clearly_worse() -> None:
@@ -68,19 +77,40 @@ def test_the_rule_keeps_the_trained_model_unless_it_is_clearly_worse() -> None:
     noisy = good.copy()
     noisy[:3] = (noisy[:3] + 1) % K  # a little worse
     random = np.random.default_rng(4).integers(0, K, len(x))
-    little = candidate_sums(x, [good, noisy], K, floor=1)
-    ratio = calinski_harabasz(little.counts[1], little.sums[1], float(little.squared_norms[1])) / (
-        calinski_harabasz(little.counts[0], little.sums[0], float(little.squared_norms[0])) or 1.0
-    )
-    assert choose(little, "best", margin=1.01 - ratio).kept == "final"  # within the margin: trained kept
-    assert choose(little, "best", margin=0.99 - ratio).kept == "start"
+    little = choose(candidate_sums(x, [good, noisy], K, floor=1), "final")
+    ratio = little.scores["final"] / little.scores["start"]  # type: ignore[operator]
+    sums = candidate_sums(x, [good, noisy], K, floor=1)
+    assert choose(sums, "best", margin=1.01 - ratio).kept == "final"  # within the margin: trained kept
+    assert choose(sums, "best", margin=0.99 - ratio).kept == "start"
     wrecked = candidate_sums(x, [good, random], K, floor=1)
     choice = choose(wrecked, "best")
-    assert choice.kept == "start" and choice.degraded
+    assert choice.kept == "start" and choice.degraded and "below the start's" in choice.why
     assert choice.scores["final"] < (1 - KEEP_MARGIN) * choice.scores["start"]  # type: ignore[operator]
     assert choose(wrecked, "final").kept == "final"  # the paper's last model, scores still reported
     collapsed = candidate_sums(x, [good, np.zeros_like(good)], K, floor=1)
     assert choose(collapsed, "best").kept == "start" and choose(collapsed, "best").clusters_used["final"] == 1
+
+
+def test_a_model_that_empties_clusters_is_not_rewarded_for_it() -> None:
+    """Two far-apart groups of four close clusters each: the start finds the eight, the 'trained' model
+    the two groups. Calinski-Harabasz prefers the two (its SSB is divided by clusters used - 1); SSB/SSW
+    at the same k does not, and the collapse guard alone keeps the start too."""
+    rng = np.random.default_rng(7)
+    groups = np.array([[0.0, 0.0], [60.0, 0.0]])
+    offsets = np.array([[0.0, 0.0], [2.5, 0.0], [0.0, 2.5], [2.5, 2.5]])
+    centres = np.array([g + o for g in groups for o in offsets])
+    eight = np.repeat(np.arange(8), 50)
+    x = centres[eight] + rng.normal(size=(400, 2))
+    two = eight // 4
+    sums = candidate_sums(x, [eight, two], 8, floor=1)
+    ch = {name: s.calinski_harabasz for name, s in choose(sums, "final").scatter.items()}
+    assert ch["final"] > ch["start"]  # the old criterion would have kept the collapsed model
+    choice = choose(sums, "best")
+    assert choice.kept == "start" and choice.clusters_used == {"start": 8, "final": 2}
+    assert "under 0.5 of the start's 8" in choice.why
+    ratio_only = choose(sums, "best", collapse=0.0)  # without the guard: SSB/SSW alone keeps the start
+    assert ratio_only.kept == "start" and ratio_only.scores["final"] < ratio_only.scores["start"]  # type: ignore[operator]
+    assert COLLAPSE_FRACTION == 0.5
 
 
 def test_the_wire_form_round_trips_and_refuses_nonsense() -> None:
@@ -92,9 +122,11 @@ def test_the_wire_form_round_trips_and_refuses_nonsense() -> None:
     with pytest.raises(ReplyError):
         decode_candidate_sums(b"not an archive")
     with pytest.raises(ReplyError):
-        CandidateSums(np.zeros((3, K), np.int64), np.zeros((3, K, 2)), np.zeros(3))
+        CandidateSums(np.zeros((3, K), np.int64), np.zeros((3, K, 2)), np.zeros((3, K)))
     with pytest.raises(ReplyError):
-        CandidateSums(np.zeros((2, K), np.int64), np.full((2, K, 2), np.nan), np.zeros(2))
+        CandidateSums(np.zeros((2, K), np.int64), np.zeros((2, K, 2)), np.zeros(2))
+    with pytest.raises(ReplyError):
+        CandidateSums(np.zeros((2, K), np.int64), np.full((2, K, 2), np.nan), np.zeros((2, K)))
     other = candidate_sums(x[:, :2], [labels, labels], K, floor=1)
     with pytest.raises(ReplyError, match="different shapes"):
         merge_candidate_sums([sums, other])
@@ -179,20 +211,40 @@ def test_ffcm_scores_both_candidates_on_labelled_data(tmp_path: Path) -> None:
     assert all(score > 0 for score in select["scores"].values())
 
 
-def test_select_table_reads_the_scores_and_compares_with_a_baseline(
+def test_select_table_fits_the_margin_without_the_setting_it_reports(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Three settings: a collapse (SSB/SSW 0.80 of the start's), a gain at 0.97, a gain at 0.995. Left
+    out, the gain at 0.97 gets the margin fitted on the other two (the smallest that keeps the 0.995
+    gain and drops the collapse: 0.005 -> it keeps its start, losing its lead); the table says so."""
     from simulation.bench.select_table import main
 
-    select = {
-        "kept": "start",
-        "scores": {"start": 200.0, "final": 190.0},
-        "labelled": {"start": {"nmi": 0.5}, "final": {"nmi": 0.4}},
+    def run(name: str, ratio: float, nmi_start: float, nmi_final: float, used_final: int = 10) -> None:
+        select = {
+            "scatter": {
+                "start": {"ssb": 100.0, "ssw": 100.0, "n": 500, "clusters_used": 10},
+                "final": {"ssb": 100.0 * ratio, "ssw": 100.0, "n": 500, "clusters_used": used_final},
+            },
+            "labelled": {"start": {"nmi": nmi_start}, "final": {"nmi": nmi_final}},
+        }
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps({"report": {"select": select}}))
+
+    run("collapse-s0", 0.80, 0.70, 0.50)
+    run("gain-a-s0", 0.97, 0.60, 0.63)
+    run("gain-b-s0", 0.995, 0.50, 0.52)
+    run("fewer-s0", 1.20, 0.60, 0.40, used_final=4)  # under half the clusters: never kept
+    (tmp_path / "kfed" / "gain-a-s0").mkdir(parents=True)
+    (tmp_path / "kfed" / "gain-a-s0" / "summary.json").write_text(json.dumps({"metrics": {"nmi": 0.61}}))
+    assert (
+        main([*(str(p) for p in sorted((tmp_path / "runs").iterdir())), "--baseline", str(tmp_path / "kfed")])
+        == 0
+    )
+    rows = {
+        line.split(" | ")[0][2:]: line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ")
     }
-    for root, summary in (("runs", {"report": {"select": select}}), ("kfed", {"metrics": {"nmi": 0.52}})):
-        (tmp_path / root / "so").mkdir(parents=True)
-        (tmp_path / root / "so" / "summary.json").write_text(json.dumps(summary))
-    main([str(tmp_path / "runs" / "so"), "--margin", "0.1", "--baseline", str(tmp_path / "kfed")])
-    row = capsys.readouterr().out.splitlines()[-1]
-    # 190 / 200 = 0.95: kept start at the default margin, the final at 10 %; kept 50.00 against 52.00
-    assert row == "| so | 200.0 | 190.0 | 0.950 | 50.00 | 40.00 | start | final | 50.00 | 52.00 | -2.00 |"
+    assert rows["gain-a-s0"].endswith("| 0.005 | start | +0.00 | -1.00 |")
+    assert rows["collapse-s0"].split(" | ")[6] == "start" and rows["gain-b-s0"].split(" | ")[6] == "final"
+    assert rows["fewer-s0"].split(" | ")[6] == "start"

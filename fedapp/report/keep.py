@@ -6,14 +6,19 @@ CCFC from the merged local centres) and training can make it worse (FSTC under l
 against 70.7 for its own start, docs/methods/fstc.md). After the last round one evaluate message sends
 both candidates; every client labels its records with each, in the space of the start (the initial
 model's representations, or the features) and returns, per candidate, only summable statistics:
-cluster sizes, per-cluster sums and the total squared norm of the records in the clusters at or above
-its privacy floor (the others sit out, as in the final report). No per-record value crosses the wire.
+cluster sizes, per-cluster sums and per-cluster sums of squared norms of the records in the clusters at
+or above its privacy floor (the others sit out, as in the final report). No per-record value crosses
+the wire.
 
-From those the server has Calinski–Harabasz exactly (between- over within-cluster scatter, each
-divided by its degrees of freedom): SSW = Σ‖x‖² − Σ_k ‖S_k‖² / n_k, SSB = Σ_k ‖S_k‖² / n_k − ‖S‖² / n.
-The start is a k-means solution in that very space, so CH favours it whenever the two are close: the rule
-keeps the trained model unless its CH falls below the start's by more than `KEEP_MARGIN` (relative),
-which separates the measured collapses from the measured gains (docs/model-selection.md).
+From those the server has each clustering's between- and within-cluster scatter exactly:
+SSW = Σ_k (Σ_{x in k} ‖x‖² − ‖S_k‖² / n_k), SSB = Σ_k ‖S_k‖² / n_k − ‖S‖² / n. The criterion is their
+ratio SSB / SSW at the same k for both (Calinski–Harabasz's ratio without its degrees of freedom, which
+divide SSB by the clusters used − 1 and so reward a model that empties clusters: a collapsed FSTC model
+with a fifth of its clusters once out-scored its start by CH). Emptying clusters can only lower SSB / SSW,
+and a final model using fewer than `COLLAPSE_FRACTION` of the clusters its start uses is never kept over
+it. The start is a k-means solution in that very space, so the ratio favours it whenever the two are
+close: the rule keeps the trained model unless its ratio falls below the start's by more than
+`KEEP_MARGIN` (relative), chosen leaving one dataset out (docs/model-selection.md).
 """
 
 from __future__ import annotations
@@ -33,16 +38,17 @@ BY_CENTRES = "centres"
 CANDIDATE_SUMS_KEY = "candidate-sums"  # `encode_candidate_sums`
 START_TABLE_KEY, FINAL_TABLE_KEY = "start-table", "final-table"  # labelled clients' contingency tables
 CANDIDATES = ("start", "final")
-# keep the final model unless its CH is more than this fraction below the start's: FSTC's measured gains
-# came with CH at 0.990-1.041 of the start's, its collapses at 0.68-0.93 and 0.974, 0.982 on 20 Newsgroups
-# by group (docs/model-selection.md, "How thin the rule is")
+# keep the final model unless its SSB / SSW is more than this fraction below the start's (chosen leaving
+# one dataset out on the skew table's runs and CLINC150: docs/model-selection.md, "Keeping the better model")
 KEEP_MARGIN = 0.015
+# a final model using fewer than this fraction of the clusters its start uses has collapsed: never kept
+COLLAPSE_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
 class CandidateSums:
-    """Per candidate (start, final): cluster sizes (2, k), per-cluster sums (2, k, d), and the sum of the
-    records' squared norms (2,), over the records in clusters at or above the privacy floor."""
+    """Per candidate (start, final): cluster sizes (2, k), per-cluster sums (2, k, d), and per-cluster sums
+    of the records' squared norms (2, k), over the records in clusters at or above the privacy floor."""
 
     counts: np.ndarray
     sums: np.ndarray
@@ -52,7 +58,7 @@ class CandidateSums:
         n_candidates, k = self.counts.shape
         if n_candidates != len(CANDIDATES) or self.sums.shape[:2] != (n_candidates, k) or self.sums.ndim != 3:
             raise ReplyError(f"candidate sums of shapes {self.counts.shape} and {self.sums.shape}")
-        if self.squared_norms.shape != (n_candidates,):
+        if self.squared_norms.shape != (n_candidates, k):
             raise ReplyError(f"candidate squared norms of shape {self.squared_norms.shape}")
         if (self.counts < 0).any() or not (
             np.isfinite(self.sums).all() and np.isfinite(self.squared_norms).all()
@@ -74,8 +80,8 @@ def candidate_sums(space: np.ndarray, labellings: list[np.ndarray], k: int, floo
         part = cluster_sums(x, np.where(shared, labels, k), k + 1)  # cluster k: the records that sit out
         counts.append(part.counts[:k])
         sums.append(part.sums[:k])
-        squared.append(float(norms[shared].sum()))
-    return CandidateSums(np.stack(counts), np.stack(sums), np.asarray(squared))
+        squared.append(np.bincount(labels[shared], weights=norms[shared], minlength=k)[:k])
+    return CandidateSums(np.stack(counts), np.stack(sums), np.stack(squared))
 
 
 def merge_candidate_sums(parts: list[CandidateSums]) -> CandidateSums:
@@ -115,43 +121,94 @@ def decode_candidate_sums(blob: object) -> CandidateSums:
     )
 
 
-def calinski_harabasz(counts: np.ndarray, sums: np.ndarray, squared_norms: float) -> float | None:
-    """CH of one labelling from its sizes (k,), sums (k, d) and Σ‖x‖² (module docstring); None where
-    scikit-learn refuses it (fewer than 2 used clusters, or as many as records)."""
+@dataclass(frozen=True)
+class Scatter:
+    """One labelling's scatter from its sums: between (SSB) and within (SSW), records, clusters used."""
+
+    between: float
+    within: float
+    n: int
+    used: int
+
+    @property
+    def ratio(self) -> float | None:
+        """SSB / SSW; None where it says nothing (fewer than 2 used clusters, or as many as records)."""
+        if not 2 <= self.used < self.n:
+            return None
+        return float("inf") if self.within == 0.0 else self.between / self.within
+
+    @property
+    def calinski_harabasz(self) -> float | None:
+        """CH = [SSB / (used - 1)] / [SSW / (n - used)] (scikit-learn's, tested), reported only."""
+        ratio = self.ratio
+        if ratio is None:
+            return None
+        return 1.0 if self.within == 0.0 else ratio * (self.n - self.used) / (self.used - 1.0)
+
+    def to_json(self) -> dict[str, float | int | None]:
+        return {"ssb": self.between, "ssw": self.within, "n": self.n, "clusters_used": self.used}
+
+
+def scatter(counts: np.ndarray, sums: np.ndarray, squared_norms: np.ndarray) -> Scatter:
+    """SSB and SSW of one labelling from its sizes (k,), sums (k, d) and per-cluster Σ‖x‖² (k,) (module
+    docstring)."""
     used = counts > 0
-    n, n_used = int(counts.sum()), int(used.sum())
-    if not 2 <= n_used < n:
-        return None
+    n = int(counts.sum())
     explained = float(((sums[used] ** 2).sum(axis=1) / counts[used]).sum())
-    within = max(squared_norms - explained, 0.0)
-    between = max(explained - float((sums.sum(axis=0) ** 2).sum()) / n, 0.0)
-    return 1.0 if within == 0.0 else between * (n - n_used) / (within * (n_used - 1.0))
+    within = max(float(squared_norms.sum()) - explained, 0.0)
+    between = max(explained - float((sums.sum(axis=0) ** 2).sum()) / max(n, 1), 0.0)
+    return Scatter(between, within, n, int(used.sum()))
+
+
+def calinski_harabasz(counts: np.ndarray, sums: np.ndarray, squared_norms: np.ndarray) -> float | None:
+    """CH of one labelling from its sums (`scatter`); None where scikit-learn refuses it."""
+    return scatter(counts, sums, squared_norms).calinski_harabasz
 
 
 @dataclass(frozen=True)
 class Choice:
-    """Both candidates' scores and which is kept."""
+    """Both candidates' scatter and which is kept, and why."""
 
-    scores: dict[str, float | None]
-    clusters_used: dict[str, int]
+    scatter: dict[str, Scatter]
     kept: str
+    why: str
 
     @property
     def degraded(self) -> bool:
         return self.kept == "start"
 
+    @property
+    def scores(self) -> dict[str, float | None]:
+        return {name: s.ratio for name, s in self.scatter.items()}
 
-def choose(merged: CandidateSums, select: str, margin: float = KEEP_MARGIN) -> Choice:
-    """`select = best`: the start when the final model's CH is more than `margin` below it (or the final
-    has no CH, e.g. one cluster left); `final`: always the final (the scores are still reported)."""
-    scores = {
-        name: calinski_harabasz(merged.counts[i], merged.sums[i], float(merged.squared_norms[i]))
+    @property
+    def clusters_used(self) -> dict[str, int]:
+        return {name: s.used for name, s in self.scatter.items()}
+
+
+def choose(
+    merged: CandidateSums, select: str, margin: float = KEEP_MARGIN, collapse: float = COLLAPSE_FRACTION
+) -> Choice:
+    """`select = best`: the start when the final model uses fewer than `collapse` of the clusters the
+    start uses, or when its SSB / SSW is more than `margin` below the start's (or it has none, e.g. one
+    cluster left); `final`: always the final (the scores are still reported)."""
+    spread = {
+        name: scatter(merged.counts[i], merged.sums[i], merged.squared_norms[i])
         for i, name in enumerate(CANDIDATES)
     }
-    used = {name: int((merged.counts[i] > 0).sum()) for i, name in enumerate(CANDIDATES)}
-    start, final = scores["start"], scores["final"]
-    worse = start is not None and (final is None or final < (1.0 - margin) * start)
-    return Choice(scores, used, "start" if select == "best" and worse else "final")
+    start, final = spread["start"], spread["final"]
+    if select != "best":
+        return Choice(spread, "final", f"select = {select}")
+    if start.ratio is None:
+        return Choice(spread, "final", "the start has no score (fewer than 2 clusters used)")
+    if final.used < collapse * start.used:
+        why = f"the final model uses {final.used} clusters, under {collapse:g} of the start's {start.used}"
+        return Choice(spread, "start", why)
+    if final.ratio is None or final.ratio < (1.0 - margin) * start.ratio:
+        shown = "none" if final.ratio is None else f"{final.ratio:.4g}"
+        why = f"SSB/SSW {shown} is more than {margin:.1%} below the start's {start.ratio:.4g}"
+        return Choice(spread, "start", why)
+    return Choice(spread, "final", f"SSB/SSW {final.ratio:.4g} against the start's {start.ratio:.4g}")
 
 
 @dataclass(frozen=True)

@@ -1,77 +1,119 @@
-"""Print what `select = best` saw in finished runs: both candidates' Calinski–Harabasz (in the start's
-space), their NMI when the data are labelled, and which was kept (`report.select` of summary.json).
+"""What `select = best` saw in finished runs, and its margin chosen leaving one setting out
+(docs/model-selection.md, "Keeping the better model").
 
-    python -m simulation.bench.select_table results/select/*/
+Each run's summary.json `report.select` holds both candidates' scatter in the start's space (SSB, SSW,
+clusters used) and, on labelled data, both NMIs. For every setting (a run's folder name without its
+`-s<seed>` suffix) in turn, `KEEP_MARGIN` is fitted on the other settings' runs and the rule applied to
+this one's:
 
-`kept` is what the run kept; `at margin M` (with `--margin M`, repeatable) what the rule would keep with
-another `fedapp.report.keep.KEEP_MARGIN`, from the same scores. `--baseline DIR` adds the kept model's NMI
-against a run of the same name under DIR (FSBERT k-FED on the same data and seed):
+    python -m simulation.bench.select_table results/select/*/ [--baseline results/select-kfed]
 
-    python -m simulation.bench.select_table results/select/*/ --baseline results/select-kfed
+The loss a margin is fitted to: a kept model more than 1 NMI below the better candidate costs 100, and
+every point of NMI below the better candidate costs 1. `--baseline DIR` adds the kept model's NMI
+against a run of the same name under DIR (FSBERT k-FED on the same data and seed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from fedapp.report.keep import COLLAPSE_FRACTION, KEEP_MARGIN
 
-def row(run: Path, margins: list[float], baseline: Path | None = None) -> str:
+MARGINS = (0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One run's two candidates: SSB / SSW and clusters used, NMI x 100 (labels only score)."""
+
+    name: str
+    setting: str
+    ratio: dict[str, float]
+    used: dict[str, int]
+    nmi: dict[str, float]
+
+    def kept(self, margin: float) -> str:
+        """What `fedapp.report.keep.choose` keeps at `margin` (with the collapse guard)."""
+        if self.used["final"] < COLLAPSE_FRACTION * self.used["start"]:
+            return "start"
+        return "start" if self.ratio["final"] < (1.0 - margin) * self.ratio["start"] else "final"
+
+    def loss(self, margin: float) -> float:
+        best = max(self.nmi.values())
+        gap = best - self.nmi[self.kept(margin)]
+        return gap + (100.0 if gap > 1.0 else 0.0)
+
+
+def read(run: Path) -> Scored | None:
     summary = json.loads((run / "summary.json").read_text())
     select = summary.get("report", {}).get("select") or {}
-    scores, labelled = select.get("scores") or {}, select.get("labelled") or {}
-    start, final = scores.get("start"), scores.get("final")
-    ratio = f"{final / start:.3f}" if start and final else "—"
+    scatter, labelled = select.get("scatter"), select.get("labelled") or {}
+    if not scatter or not labelled:
+        return None
 
-    def nmi(name: str) -> str:
-        value = labelled.get(name, {}).get("nmi")
-        return "—" if value is None else f"{100 * value:.2f}"
+    def ratio(name: str) -> float:
+        part = scatter[name]
+        return part["ssb"] / part["ssw"] if part["ssw"] else float("inf")
 
-    def ch(value: float | None) -> str:
-        return "—" if value is None else f"{value:.1f}"
-
-    line = (
-        f"| {run.name} | {ch(start)} | {ch(final)} | {ratio} | {nmi('start')} | {nmi('final')} | "
-        f"{select.get('kept', '—')} |" + "".join(f" {_kept_at(start, final, margin)} |" for margin in margins)
+    return Scored(
+        run.name,
+        re.sub(r"-s\d+$", "", run.name),
+        {name: ratio(name) for name in ("start", "final")},
+        {name: int(scatter[name]["clusters_used"]) for name in ("start", "final")},
+        {name: 100 * float(labelled[name]["nmi"]) for name in ("start", "final")},
     )
-    if baseline is None:
-        return line
-    return line + _against(labelled.get(select.get("kept"), {}), baseline / run.name)
 
 
-def _against(kept: dict[str, float], baseline_run: Path) -> str:
-    """The kept model's NMI, the baseline run's, and the difference (points)."""
+def fit(runs: list[Scored]) -> float:
+    """The margin with the smallest total loss on `runs` (ties: the smaller margin)."""
+    return min(MARGINS, key=lambda margin: (sum(run.loss(margin) for run in runs), margin))
+
+
+def table(runs: list[Scored], baseline: Path | None = None) -> str:
+    lines = [
+        "| run | SSB/SSW final / start | clusters used start / final | NMI start | NMI final "
+        "| margin fitted without it | kept | kept − start |" + (" kept − baseline |" if baseline else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if baseline else ""),
+    ]
+    for run in sorted(runs, key=lambda r: r.name):
+        margin = fit([other for other in runs if other.setting != run.setting])
+        kept = run.kept(margin)
+        line = (
+            f"| {run.name} | {run.ratio['final'] / run.ratio['start']:.3f} | {run.used['start']} / "
+            f"{run.used['final']} | {run.nmi['start']:.2f} | {run.nmi['final']:.2f} | {margin:g} | {kept} "
+            f"| {run.nmi[kept] - run.nmi['start']:+.2f} |"
+        )
+        if baseline is not None:
+            line += _against(run.nmi[kept], baseline / run.name)
+        lines.append(line)
+    lines.append(
+        f"\nmargin fitted on all {len({r.setting for r in runs})} settings: {fit(runs):g} "
+        f"(fedapp.report.keep.KEEP_MARGIN = {KEEP_MARGIN:g})"
+    )
+    return "\n".join(lines)
+
+
+def _against(kept: float, baseline_run: Path) -> str:
     path = baseline_run / "summary.json"
     other = json.loads(path.read_text()).get("metrics", {}).get("nmi") if path.exists() else None
-    mine = kept.get("nmi")
-    if mine is None or other is None:
-        return " — | — | — |"
-    return f" {100 * mine:.2f} | {100 * other:.2f} | {100 * (mine - other):+.2f} |"
-
-
-def _kept_at(start: float | None, final: float | None, margin: float) -> str:
-    if start is None:
-        return "—"
-    return "start" if final is None or final < (1.0 - margin) * start else "final"
+    return " — |" if other is None else f" {kept - 100 * other:+.2f} |"
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--margin", type=float, action="append", default=[])
     parser.add_argument("--baseline", type=Path, help="runs of the same names to compare the kept NMI with")
     args = parser.parse_args(argv)
-    runs = [run for run in args.runs if (run / "summary.json").exists()]
-    extra = "".join(f" at margin {margin:g} |" for margin in args.margin)
-    columns = len(args.margin) + (3 if args.baseline else 0)
-    if args.baseline:
-        extra += " NMI kept | baseline NMI | kept − baseline |"
-    print(f"| run | CH start | CH final | final / start | NMI start | NMI final | kept |{extra}")
-    print("|---|---|---|---|---|---|---|" + "---|" * columns)
-    for run in sorted(runs):
-        print(row(run, args.margin, args.baseline))
+    scored = [s for run in args.runs if (run / "summary.json").exists() and (s := read(run)) is not None]
+    if not scored:
+        print("no run with report.select scatter and labels", file=sys.stderr)
+        return 2
+    print(table(scored, args.baseline))
     return 0
 
 
