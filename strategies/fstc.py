@@ -44,6 +44,7 @@ from fedapp.maths.fstc import (
 from fedapp.methods.fstc import (
     CENTRES_KEY,
     FINAL_KEY,
+    HEAD_INIT_CENTRES,
     INIT_KEY,
     INIT_MERGE_WEIGHTED,
     MODEL_KEY,
@@ -309,6 +310,10 @@ class FSTCStrategy(ClusteringStrategy):
         with torch.random.fork_rng(devices=[]):  # Alg. 2 line 1: one initial model for every client
             torch.manual_seed(self.cfg.seed)
             model = fstc_model(self.params, self.k, self.centres.shape[1], self.cfg.embedding_model, "cpu")
+        # F starts as C̃'s nearest-centre classifier; not under DP, whose clients build the public
+        # initial model from the run seed alone (`clients.fstc.FSTCClient.public_model`)
+        if self.params.head_init == HEAD_INIT_CENTRES and not self.privacy.private:
+            model.head.start_at(self.centres, self.params.head_scale)
         self.schema = state_schema(model)
         self.initial_model = state_arrays(model)
         source = INIT_SOURCES.get(self.init, "local k-means centres")

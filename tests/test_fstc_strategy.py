@@ -91,6 +91,32 @@ def test_round_one_asks_for_local_centres_and_builds_centres_and_model(tmp_path:
     assert not strategy.should_evaluate(1)
 
 
+def test_the_initial_model_labels_every_record_by_its_nearest_initial_centre(tmp_path: Path) -> None:
+    """`fstc.head-init = centres` (default): F is C̃'s nearest-centre classifier, so argmax O of the
+    initial model is the start's clustering; `random` (the paper presets') is not."""
+    import torch
+
+    from fedapp.models.fstc import fstc_model
+
+    points = np.random.default_rng(0).uniform(-2, 12, size=(400, DIM))
+    for head_init, agrees in (("centres", True), ("random", False)):
+        strategy = _initialised(tmp_path, **{"fstc.head-init": head_init})
+        assert strategy.centres is not None and strategy.initial_model is not None
+        model = fstc_model(strategy.params, K, DIM, strategy.cfg.embedding_model)
+        model.load_state_dict(
+            {
+                name: torch.as_tensor(a)
+                for name, a in zip(model.state_dict(), strategy.initial_model, strict=True)
+            }
+        )
+        with torch.no_grad():
+            _, scores = model(torch.as_tensor(points, dtype=torch.float32))
+        nearest = ((points[:, None, :] - strategy.centres[None]) ** 2).sum(2).argmin(1)
+        assert (scores.argmax(1).numpy() == nearest).all() == agrees, head_init
+    with pytest.raises(ValueError, match="head-hidden"):
+        fstc_config(tmp_path, **{"fstc.head-hidden": 8})
+
+
 def test_training_rounds_send_the_initial_model_once_per_client(tmp_path: Path) -> None:
     strategy = _initialised(tmp_path)
     assert strategy.initial_model is not None

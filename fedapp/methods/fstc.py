@@ -38,6 +38,8 @@ INIT_MODES = ("centres", "representations", "moments")
 INIT_MERGE_KFED, INIT_MERGE_WEIGHTED = "kfed", "weighted"
 INIT_MERGES = (INIT_MERGE_KFED, INIT_MERGE_WEIGHTED)
 LOSS_TARGETS = ("scores", "softmax")
+HEAD_INIT_CENTRES, HEAD_INIT_RANDOM = "centres", "random"
+HEAD_INITS = (HEAD_INIT_CENTRES, HEAD_INIT_RANDOM)
 RESIDUAL_TARGETS = ("loss-on", *LOSS_TARGETS)
 AUGMENTATIONS = ("none", "pairs")
 ALIGN_CENTRES = ("batch", "local")
@@ -117,9 +119,22 @@ class FSTCConfig(ConfigSection):
         0.5, ge=0.0, le=1.0, doc="Eq. 13: samples with r_i below this get weight 0"
     )
     loss_on: str = config_key(
-        "scores",
+        "softmax",
         choices=LOSS_TARGETS,
-        doc="what Q is compared with in Eq. 14 (and Eq. 8 unless residual-on): O or softmax(O)",
+        doc="what Q is compared with in Eq. 14 (and Eq. 8 unless residual-on): softmax(O), or O (the "
+        "paper's; the presets')",
+    )
+    head_init: str = config_key(
+        HEAD_INIT_CENTRES,
+        choices=HEAD_INITS,
+        doc="F's start: centres = the nearest-initial-centre classifier, so argmax O starts as the start's "
+        "clustering (the paper's random F lost its start with many clusters: docs/methods/fstc.md); "
+        "random = the paper's (the presets')",
+    )
+    head_scale: float = config_key(
+        10.0,
+        gt=0.0,
+        doc="head-init = centres: F(e) = scale (C e - |c|^2 / 2), the logits' inverse temperature",
     )
     residual_on: str = config_key(
         "loss-on",
@@ -182,6 +197,11 @@ class FSTCConfig(ConfigSection):
         return self.init_local_k or (k if self.init_merge == INIT_MERGE_KFED else 2 * k)
 
     def __post_init__(self) -> None:
+        if self.head_init == HEAD_INIT_CENTRES and self.head_hidden > 0:
+            raise ConfigError(
+                f"run-config 'fstc.head-init'='centres' needs 'fstc.head-hidden'=0 (a linear F is the "
+                f"nearest-centre classifier), got {self.head_hidden}: set fstc.head-init=random"
+            )
         if self.contrastive > 0 and self.augment != "pairs":
             raise ConfigError(
                 f"run-config 'fstc.contrastive'={self.contrastive} needs 'fstc.augment'='pairs' "

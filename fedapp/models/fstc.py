@@ -61,6 +61,22 @@ class ClusteringNetwork(nn.Module):
     def forward(self, representations: torch.Tensor) -> torch.Tensor:
         return self.layers(representations)
 
+    def start_at(self, centres: np.ndarray, scale: float) -> None:
+        """Make F the nearest-centre classifier of `centres` (K x dim): O_k = scale (c_k . e - |c_k|^2 / 2)
+        = -scale |e - c_k|^2 / 2 + (a term common to every k), so argmax O is the nearest centre and
+        softmax(O) a Gaussian posterior of inverse temperature `scale`. Training then starts from the
+        clustering C̃ gives, which with many clusters a randomly started F never reaches again."""
+        if not isinstance(self.layers, nn.Linear):
+            raise ValueError("only a linear F (head-hidden = 0) can start as the nearest-centre classifier")
+        weights = torch.as_tensor(np.asarray(centres), dtype=self.layers.weight.dtype)
+        if weights.shape != self.layers.weight.shape:
+            raise ValueError(
+                f"centres of shape {tuple(weights.shape)} for F of {tuple(self.layers.weight.shape)}"
+            )
+        with torch.no_grad():
+            self.layers.weight.copy_(scale * weights)
+            self.layers.bias.copy_(-0.5 * scale * (weights**2).sum(1))
+
 
 class TokenizedTexts:
     """Texts tokenized once, batches cut out of them: the rows of a batch, trimmed to the batch's longest
