@@ -224,10 +224,12 @@ class FinalReport:
     def configure_secure(
         self, stage: str, client_manager: ClientManager, scale: float
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """A stage's instructions as fit messages for SecAgg+, the sums multiplied by `scale` (public)."""
-        config = {REPORT_KEY: stage, SCALE_KEY: scale}
+        """A stage's instructions as fit messages for SecAgg+, the sums multiplied by `scale` (public); the
+        plain stage's config goes too (the chosen k, how a kept start labels): a Ray process that serves
+        only this message builds its client from it."""
         return [
-            (client, FitIns(ins.parameters, config)) for client, ins in self.configure(stage, client_manager)
+            (client, FitIns(ins.parameters, {**ins.config, REPORT_KEY: stage, SCALE_KEY: scale}))
+            for client, ins in self.configure(stage, client_manager)
         ]
 
     def aggregate_secure(
@@ -275,6 +277,14 @@ class FinalReport:
             log(WARNING, "final report (%s%s): client failure: %s", stage, via, describe_failure(failure))
         self.host.record.received(self.server_round, "report", results)
         self.summary["seconds"] = time.perf_counter() - self.started
+
+    def lost(self, stage: str, why: str) -> None:
+        """A stage no reply reached the server for (SecAgg+ aggregated nothing, in a run that was not
+        stopped): every client asked missed it, and the run says so in its status."""
+        if self.host.stopped:
+            return
+        self.summary.setdefault("problems", {})[stage] = list(self.asked) or ["every client"]
+        self.host.warn(f"final report ({stage}): {why}")
 
     def _missing(self, results: list[tuple[ClientProxy, Any]]) -> list[str]:
         return sorted(set(self.asked) - {client.cid for client, _ in results})
