@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tomli_w  # noqa: E402
 
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
-from fedapp.config.run import PROJECT_ROOT  # noqa: E402
+from fedapp.app.preflight import check_dependencies  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
+from fedapp.launch.app_dir import flower_app_dir  # noqa: E402
 from fedapp.launch.options import ClientResources, merge_flags, parse_set_options, path_argument  # noqa: E402
 from fedapp.launch.outputs import check_outputs, clear_outputs  # noqa: E402
 from fedapp.launch.presets import apply_preset  # noqa: E402
@@ -176,11 +177,12 @@ def deploy(
             print(f"SuperNode {index} pid {node.pid}{' (unregistered key)' if extra else ''}", flush=True)
         run_config = work_dir / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(overrides)))
-        command = [console_script("flwr"), "run", str(PROJECT_ROOT), "deploy", "--stream"]
+        app_dir = flower_app_dir(work_dir)  # the checkout, or the installed packages' copy
+        command = [console_script("flwr"), "run", str(app_dir), "deploy", "--stream"]
         command += ["--run-config", str(run_config)]
         log_path = Path(overrides["out-dir"]) / "flower.log"
         print(f"flwr run (full log: {log_path})", flush=True)
-        code = run_filtered(command, env, log_path, quiet=False, cwd=PROJECT_ROOT, started=started)
+        code = run_filtered(command, env, log_path, quiet=False, cwd=app_dir, started=started)
         if code != 0 and superlink.poll() is not None:  # it died on its own, mid-run
             lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
         for index in range(num_clients, len(names)):
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if node_data is None:  # a shared dataset is checked here, as by `fedapp run`
             validate(run, "flwr", ClientResources(), dry_run=args.dry_run, overwrite=args.overwrite)
         else:  # the nodes' own files are theirs to check (as on real machines); the output folder is ours
+            check_dependencies(run.config.method)
             check_outputs(run.config, overwrite=args.overwrite)
         if args.dry_run:
             print(f"dry run: {run.config.method} on {run.config.num_clients} SuperNodes: configuration OK")

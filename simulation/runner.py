@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from fedapp.config.run import PROJECT_ROOT
+from fedapp.launch.app_dir import flower_app_dir
 from fedapp.launch.options import ClientResources
 from fedapp.launch.outputs import clear_outputs
 from fedapp.launch.phase import PHASE_FILE, RunPhase
@@ -227,13 +227,14 @@ def _run_flwr(
         run_config = flwr_home / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(run)))
         federation = resources.federation_config(run.config.num_clients)
+        app_dir = flower_app_dir(flwr_home)  # the checkout, or the installed packages' copy
         with local_simulation_superlink(flwr_home, env) as superlink:
             started.append(superlink)
             phase.set("starting the federation")
             command = [
                 console_script("flwr"),
                 "run",
-                str(PROJECT_ROOT),
+                str(app_dir),
                 "--stream",
                 "--federation-config",
                 federation,
@@ -241,7 +242,7 @@ def _run_flwr(
                 str(run_config),
             ]
             returncode = run_filtered(
-                command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT, started=started, on_line=phase.see
+                command, env, log_path, quiet=quiet, cwd=app_dir, started=started, on_line=phase.see
             )
             if returncode != 0 and superlink.poll() is not None:  # it died on its own, mid-run
                 lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
