@@ -215,6 +215,8 @@ def _run_flwr(
 ) -> None:
     flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
     env = flower_env(flwr_home)
+    if resources.ray_address:  # Flower's Ray backend calls ray.init(): it joins the cluster RAY_ADDRESS names
+        env["RAY_ADDRESS"] = resources.ray_address
     phase.path = flwr_home / PHASE_FILE  # the watchdog reads it after a SIGKILL
     phase.set("starting the SuperLink")
     guard = start_watchdog(

@@ -141,6 +141,8 @@ def validate(
         raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
     cfg = run.config
     check_dependencies(cfg.method)  # a torch method in a base install: before anything else is read
+    if resources.ray_address and engine == "inprocess":
+        raise ConfigError("--ray-address needs --engine flwr: the in-process engine runs without Ray")
     if cfg.secagg and engine == "inprocess":
         raise ConfigError("secagg=true needs --engine flwr: Flower's SecAgg+ runs on its message runtime")
     resources.validate()
