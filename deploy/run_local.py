@@ -28,6 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tomli_w  # noqa: E402
 
+from deploy.run_containers import (  # noqa: E402
+    DEFAULT_IMAGES,
+    ContainerRun,
+    check_images,
+    deploy_containers,
+    site_files,
+)
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
 from fedapp.app.preflight import check_dependencies  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
@@ -238,6 +245,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         default=0,
         help="with --auth: this many extra SuperNodes whose keys are not registered (they must be refused)",
     )
+    parser.add_argument(
+        "--containers",
+        action="store_true",
+        help="run the SuperLink and SuperNodes from the images of deploy/containers (Compose, TLS and "
+        "SuperNode authentication on; needs --node-data): docs/deployment.md",
+    )
+    parser.add_argument("--superlink-image", default=DEFAULT_IMAGES["superlink"], help="with --containers")
+    parser.add_argument("--supernode-image", default=DEFAULT_IMAGES["supernode"], help="with --containers")
     parser.add_argument("--out", type=path_argument, required=True)
     parser.add_argument(
         "--dry-run",
@@ -250,6 +265,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         help="--out holds an earlier run's outputs: remove them first (only files fedapp writes)",
     )
     args = parser.parse_args(argv)
+    if args.containers and not args.node_data:
+        print(
+            "error: --containers needs --node-data: each SuperNode container mounts its own file",
+            file=sys.stderr,
+        )
+        return 2
     if args.node_data and not has_placeholder(args.node_data):
         print(
             f"error: --node-data needs {PARTITION_PLACEHOLDER} in its path: {args.node_data}", file=sys.stderr
@@ -268,6 +289,17 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         node_data = absolute_spec(args.node_data) if args.node_data else None
         if node_data is None:  # a shared dataset is checked here, as by `fedapp run`
             validate(run, "flwr", ClientResources(), dry_run=args.dry_run, overwrite=args.overwrite)
+        elif args.containers:  # the images, not this machine, must hold the method's extra
+            container_run = ContainerRun(
+                node_data,
+                run.config.num_clients,
+                args.unregistered_nodes,
+                args.superlink_image,
+                args.supernode_image,
+            )
+            site_files(node_data, run.config.num_clients)
+            check_images(run.config.method, container_run)
+            check_outputs(run.config, overwrite=args.overwrite)
         else:  # the nodes' own files are theirs to check (as on real machines); the output folder is ours
             check_dependencies(run.config.method)
             check_outputs(run.config, overwrite=args.overwrite)
@@ -284,7 +316,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         try:
             with interruptible():
                 security = Security(tls=args.tls, auth=args.auth, unregistered_nodes=args.unregistered_nodes)
-                code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)
+                if args.containers:
+                    code = deploy_containers(run, container_run, Path(tmp))
+                else:
+                    code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)
         except Interrupted as exc:
             print(f"{exc}: {exc.stopped or 'no process of the deployment had started'}", file=sys.stderr)
             summary = mark_summary(args.out, "interrupted", str(exc)) or {"status": "interrupted"}

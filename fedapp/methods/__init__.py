@@ -278,7 +278,8 @@ METHODS: dict[str, MethodSpec] = {
 
 # The modules of each optional dependency group (pyproject's [project.optional-dependencies]) whose absence
 # a method that needs the group is refused for, before any process starts (`fedapp.app.preflight`).
-EXTRAS: dict[str, tuple[str, ...]] = {"torch": ("torch", "torchvision", "sentence_transformers")}
+# torchvision is left out: only CCFC's ResNet-18 backbone (RGB images) imports it, when it builds one.
+EXTRAS: dict[str, tuple[str, ...]] = {"torch": ("torch", "sentence_transformers")}
 
 
 def missing_modules(spec: MethodSpec) -> list[str]:
