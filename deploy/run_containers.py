@@ -33,12 +33,18 @@ from deploy.secure import make_certificates, make_node_keys
 from fedapp.config.run import ConfigError
 from fedapp.datasets import PARTITION_PLACEHOLDER
 from fedapp.launch.app_dir import flower_app_dir
-from fedapp.launch.processes import ProcessError, console_script, flower_env, run_filtered, wait_for_health
+from fedapp.launch.processes import (
+    ProcessError,
+    console_script,
+    flower_env,
+    free_port,
+    run_filtered,
+    wait_for_health,
+)
 from fedapp.methods import method_spec
 
 COMPOSE_FILE = Path(__file__).resolve().parent / "containers" / "compose.yaml"
 CONTAINER_UID = 49999  # the images' user `app` (Flower's images use the same)
-SUPERLINK_PORT = 9092
 FIRST_NODE_PORT = 9094  # SuperNode i's Runtime API: FIRST_NODE_PORT + i (one host network)
 START_TIMEOUT_S = 90
 DEFAULT_IMAGES = {"superlink": "fedapp-superlink:none", "supernode": "fedapp-supernode:none"}
@@ -72,7 +78,7 @@ def _superlink() -> dict[str, Any]:
 
 def _supernode(index: int, nodes: int) -> dict[str, Any]:
     partition = index % nodes  # an extra (unregistered) node claims an existing partition
-    port = f"{FIRST_NODE_PORT + index}"
+    port = f"${{FEDAPP_NODE_PORT_{index}:-{FIRST_NODE_PORT + index}}}"
     node_config = (
         f"partition-id={partition} num-partitions={nodes} dataset='${{FEDAPP_FORMAT:-csv}}:/data/site' "
         "node-out-dir='/out'"
@@ -191,7 +197,9 @@ def _check_image(method: str, image: str, engine: str) -> None:
         )
 
 
-def environment(run: ContainerRun, project: str, work_dir: Path, out_dir: Path, files: list[Path], fmt: str):
+def environment(
+    run: ContainerRun, project: str, work_dir: Path, out_dir: Path, files: list[Path], fmt: str, port: int
+) -> dict[str, str]:
     """The Compose variables of this deployment (compose.yaml documents each)."""
     uid = CONTAINER_UID if os.geteuid() == 0 else os.getuid()  # root chowns to the images' user
     values = {
@@ -201,8 +209,8 @@ def environment(run: ContainerRun, project: str, work_dir: Path, out_dir: Path, 
         "FEDAPP_UID": str(uid),
         "FEDAPP_GID": str(uid if os.geteuid() == 0 else os.getgid()),
         "FEDAPP_HOST": "127.0.0.1",
-        "FEDAPP_PORT": str(SUPERLINK_PORT),
-        "FEDAPP_SUPERLINK": f"127.0.0.1:{SUPERLINK_PORT}",
+        "FEDAPP_PORT": str(port),
+        "FEDAPP_SUPERLINK": f"127.0.0.1:{port}",
         "FEDAPP_CERTS": str(work_dir / "certs"),
         "FEDAPP_KEYS": str(work_dir / "keys"),
         "FEDAPP_OUT": str(out_dir),
@@ -210,6 +218,7 @@ def environment(run: ContainerRun, project: str, work_dir: Path, out_dir: Path, 
     }
     for index in range(run.nodes + run.unregistered):
         values[f"FEDAPP_SITE_{index}"] = str(files[index % run.nodes])
+        values[f"FEDAPP_NODE_PORT_{index}"] = str(free_port())  # a shared machine: ports that are free now
     return values
 
 
@@ -239,17 +248,19 @@ def deploy_containers(overrides: Mapping[str, Any], run: ContainerRun, work_dir:
     _hand_over([work_dir / "certs", work_dir / "keys", out_dir])
     compose_path = work_dir / "compose.yaml"
     compose_path.write_text(yaml.safe_dump(compose_file(run.nodes, run.unregistered), sort_keys=False))
-    env = {**flower_env(work_dir / "flwr-home"), **environment(run, project, work_dir, out_dir, files, fmt)}
+    port = free_port()
+    variables = environment(run, project, work_dir, out_dir, files, fmt, port)
+    env = {**flower_env(work_dir / "flwr-home"), **variables}
     up = [*compose, "-p", project, "-f", str(compose_path)]
     services = [f"supernode-{i}" for i in range(len(names))]
     try:
         _compose(up + ["up", "-d", "superlink"], env)
         link = Container(engine, f"{project}-superlink")
         what = "the SuperLink container"
-        wait_for_health(SUPERLINK_PORT, link, START_TIMEOUT_S, what, ca_file=certs["ca"])  # type: ignore[arg-type]
-        print(f"SuperLink container on 127.0.0.1:{SUPERLINK_PORT} (TLS, SuperNode auth)", flush=True)
+        wait_for_health(port, link, START_TIMEOUT_S, what, ca_file=certs["ca"])  # type: ignore[arg-type]
+        print(f"SuperLink container on 127.0.0.1:{port} (TLS, SuperNode auth)", flush=True)
         flwr_home = work_dir / "flwr-home"
-        connection = {"address": f"127.0.0.1:{SUPERLINK_PORT}", "root-certificates": str(certs["ca"])}
+        connection = {"address": f"127.0.0.1:{port}", "root-certificates": str(certs["ca"])}
         (flwr_home / "config.toml").write_text(
             tomli_w.dumps({"superlink": {"default": "deploy", "deploy": connection}})
         )
