@@ -7,8 +7,9 @@ node-out-dir='DIR/nodes/i'"` (where it writes its records' assignments.csv); wit
 `dataset='SPEC'` with `{partition-id}` replaced by i: that file is the only data the node reads, as on a
 real machine (no `--dataset` needed; the run config then says only what kind of data is expected).
 Everything this script starts is stopped by PID (process group) at the end, also on error or Ctrl-C;
-the PIDs are written to DIR/deploy-pids.json so a caller can check. For real machines see README.md
-(same commands with TLS and SuperNode authentication instead of --insecure).
+the PIDs are written to DIR/deploy-pids.json so a caller can check. With `--containers` the SuperLink and
+SuperNodes run from the images of deploy/containers instead (deploy/run_containers.py). For real machines
+see docs/deployment.md (the same with TLS and SuperNode authentication instead of --insecure).
 """
 
 from __future__ import annotations

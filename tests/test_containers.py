@@ -107,9 +107,11 @@ def test_compose_secures_every_service_and_mounts_only_what_each_needs() -> None
         assert secrets and all(volume.endswith(":ro") for volume in secrets), name
     for index in range(4):
         volumes = services[f"supernode-{index}"]["volumes"]
-        assert f"${{FEDAPP_SITE_{index}:?}}:/data/site:ro" in volumes  # its own file, read-only, nothing else
-        assert [v for v in volumes if "/data" in v] == [f"${{FEDAPP_SITE_{index}:?}}:/data/site:ro"]
-        assert f"${{FEDAPP_KEYS:?}}/node{index}:/keys/node:ro" in volumes
+        site = f"${{FEDAPP_SITE_{index}:-./site-{index}}}:/data/site:ro"
+        assert [volume for volume in volumes if "/data" in volume] == [
+            site
+        ]  # its own file, read-only, only it
+        assert f"${{FEDAPP_KEYS:-./keys}}/node{index}:/keys/node:ro" in volumes
         assert f"partition-id={index % 3} num-partitions=3" in services[f"supernode-{index}"]["command"][-1]
     ports = [service["command"][service["command"].index("--port") + 1] for service in services.values()]
     assert len(set(ports)) == len(ports)  # one host network: every API on its own port

@@ -103,3 +103,28 @@ def test_an_address_where_no_cluster_answers_is_refused_in_seconds(
     assert code == 2 and "no Ray cluster answers at 127.0.0.1:" in err and time.monotonic() - started < 10
     assert main(["run", "--method", "kfed", "--ray-address", "head-node", "--out", str(tmp_path)]) == 2
     assert "is not HOST:PORT" in capsys.readouterr().err
+
+
+def test_the_ray_node_is_recorded_but_not_booked_as_traffic() -> None:
+    """A fit reply's `ray-node` lands in summary.json's `ray_nodes` and not in the communication ledger
+    (a deployment sends none: the ledger counts the method's messages the same in every engine)."""
+    from unittest.mock import MagicMock
+
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+    from flwr.server.client_proxy import ClientProxy
+
+    from strategies.records import RunRecord
+
+    def reply(metrics: dict) -> FitRes:
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([]), 10, metrics)
+
+    proxy = MagicMock(spec=ClientProxy)
+    proxy.cid = "7"
+    plain, placed = RunRecord(), RunRecord()
+    plain.received(1, "fit", [(proxy, reply({"partition-id": 3}))])
+    placed.received(1, "fit", [(proxy, reply({"partition-id": 3, "ray-node": "a" * 56}))])
+    placed.placement([{"partition-id": 3, "ray-node": "a" * 56}, {"partition-id": 4, "ray-node": "b" * 56}])
+    assert placed.ledger.summary() == plain.ledger.summary()
+    assert (
+        placed.summary()["ray_nodes"] == {"a" * 56: [3], "b" * 56: [4]} and "ray_nodes" not in plain.summary()
+    )
