@@ -284,10 +284,8 @@ def deploy_containers(overrides: Mapping[str, Any], run: ContainerRun, work_dir:
         for index in range(run.nodes, len(names)):
             state = _container_state(engine, f"{project}-supernode-{index}")
             refused = state is not None and not state[0] and state[1] != 0
-            print(
-                f"unregistered SuperNode {index}: {'refused' if refused else 'ACCEPTED'} ({state})",
-                flush=True,
-            )
+            verdict = f"refused, exit code {state[1]}" if refused and state else f"ACCEPTED ({state})"
+            print(f"unregistered SuperNode {index}: {verdict}", flush=True)
             code = code if refused else code or 1
         return code
     except Interrupted as exc:

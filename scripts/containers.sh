@@ -136,7 +136,7 @@ for method in ("kfed", "ffcm"):
 EOF
 
 # ---- 4. a SuperNode container killed mid-run: degraded -----------------------------------------------
-say "FFCM, 8 rounds; SuperNode 2's container killed after round 2 (a round waits 60 s for a lost node)"
+say "FFCM, 8 rounds; SuperNode 2's container killed after round 2 (round-timeout 60 s bounds the wait)"
 KILLED=(--method ffcm --node-data "$DATA" --clients 3 --rounds 8 --seed 3 --set k=4 --set ffcm.delta=0)
 fedapp deploy --containers "${KILLED[@]}" --set round-timeout=60 \
   --out "$WORK/runs/containers-killed" > "$WORK/killed.txt" 2>&1 &
