@@ -323,7 +323,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)
         except Interrupted as exc:
             print(f"{exc}: {exc.stopped or 'no process of the deployment had started'}", file=sys.stderr)
-            summary = mark_summary(args.out, "interrupted", str(exc)) or {"status": "interrupted"}
+            summary = mark_summary(args.out, "interrupted", str(exc)) or {
+                "status": "interrupted",
+                "status_reason": str(exc),
+            }
             print(status_line(summary), file=sys.stderr)
             return exc.exit_code
         except ProcessError as exc:
