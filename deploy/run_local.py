@@ -7,8 +7,9 @@ node-out-dir='DIR/nodes/i'"` (where it writes its records' assignments.csv); wit
 `dataset='SPEC'` with `{partition-id}` replaced by i: that file is the only data the node reads, as on a
 real machine (no `--dataset` needed; the run config then says only what kind of data is expected).
 Everything this script starts is stopped by PID (process group) at the end, also on error or Ctrl-C;
-the PIDs are written to DIR/deploy-pids.json so a caller can check. For real machines see README.md
-(same commands with TLS and SuperNode authentication instead of --insecure).
+the PIDs are written to DIR/deploy-pids.json so a caller can check. With `--containers` the SuperLink and
+SuperNodes run from the images of deploy/containers instead (deploy/run_containers.py). For real machines
+see docs/deployment.md (the same with TLS and SuperNode authentication instead of --insecure).
 """
 
 from __future__ import annotations
@@ -28,9 +29,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tomli_w  # noqa: E402
 
+from deploy.run_containers import (  # noqa: E402
+    DEFAULT_IMAGES,
+    ContainerRun,
+    check_images,
+    deploy_containers,
+    site_files,
+)
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
-from fedapp.config.run import PROJECT_ROOT  # noqa: E402
+from fedapp.app.preflight import check_dependencies  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
+from fedapp.launch.app_dir import flower_app_dir  # noqa: E402
 from fedapp.launch.options import ClientResources, merge_flags, parse_set_options, path_argument  # noqa: E402
 from fedapp.launch.outputs import check_outputs, clear_outputs  # noqa: E402
 from fedapp.launch.presets import apply_preset  # noqa: E402
@@ -176,11 +185,12 @@ def deploy(
             print(f"SuperNode {index} pid {node.pid}{' (unregistered key)' if extra else ''}", flush=True)
         run_config = work_dir / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(overrides)))
-        command = [console_script("flwr"), "run", str(PROJECT_ROOT), "deploy", "--stream"]
+        app_dir = flower_app_dir(work_dir)  # the checkout, or the installed packages' copy
+        command = [console_script("flwr"), "run", str(app_dir), "deploy", "--stream"]
         command += ["--run-config", str(run_config)]
         log_path = Path(overrides["out-dir"]) / "flower.log"
         print(f"flwr run (full log: {log_path})", flush=True)
-        code = run_filtered(command, env, log_path, quiet=False, cwd=PROJECT_ROOT, started=started)
+        code = run_filtered(command, env, log_path, quiet=False, cwd=app_dir, started=started)
         if code != 0 and superlink.poll() is not None:  # it died on its own, mid-run
             lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
         for index in range(num_clients, len(names)):
@@ -236,6 +246,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         default=0,
         help="with --auth: this many extra SuperNodes whose keys are not registered (they must be refused)",
     )
+    parser.add_argument(
+        "--containers",
+        action="store_true",
+        help="run the SuperLink and SuperNodes from the images of deploy/containers (Compose, TLS and "
+        "SuperNode authentication on; needs --node-data): docs/deployment.md",
+    )
+    parser.add_argument("--superlink-image", default=DEFAULT_IMAGES["superlink"], help="with --containers")
+    parser.add_argument("--supernode-image", default=DEFAULT_IMAGES["supernode"], help="with --containers")
     parser.add_argument("--out", type=path_argument, required=True)
     parser.add_argument(
         "--dry-run",
@@ -248,6 +266,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         help="--out holds an earlier run's outputs: remove them first (only files fedapp writes)",
     )
     args = parser.parse_args(argv)
+    if args.containers and not args.node_data:
+        print(
+            "error: --containers needs --node-data: each SuperNode container mounts its own file",
+            file=sys.stderr,
+        )
+        return 2
     if args.node_data and not has_placeholder(args.node_data):
         print(
             f"error: --node-data needs {PARTITION_PLACEHOLDER} in its path: {args.node_data}", file=sys.stderr
@@ -266,7 +290,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         node_data = absolute_spec(args.node_data) if args.node_data else None
         if node_data is None:  # a shared dataset is checked here, as by `fedapp run`
             validate(run, "flwr", ClientResources(), dry_run=args.dry_run, overwrite=args.overwrite)
+        elif args.containers:  # the images, not this machine, must hold the method's extra
+            container_run = ContainerRun(
+                node_data,
+                run.config.num_clients,
+                args.unregistered_nodes,
+                args.superlink_image,
+                args.supernode_image,
+            )
+            site_files(node_data, run.config.num_clients)
+            check_images(run.config.method, container_run)
+            check_outputs(run.config, overwrite=args.overwrite)
         else:  # the nodes' own files are theirs to check (as on real machines); the output folder is ours
+            check_dependencies(run.config.method)
             check_outputs(run.config, overwrite=args.overwrite)
         if args.dry_run:
             print(f"dry run: {run.config.method} on {run.config.num_clients} SuperNodes: configuration OK")
@@ -281,10 +317,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         try:
             with interruptible():
                 security = Security(tls=args.tls, auth=args.auth, unregistered_nodes=args.unregistered_nodes)
-                code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)
+                if args.containers:
+                    code = deploy_containers(run, container_run, Path(tmp))
+                else:
+                    code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)
         except Interrupted as exc:
             print(f"{exc}: {exc.stopped or 'no process of the deployment had started'}", file=sys.stderr)
-            summary = mark_summary(args.out, "interrupted", str(exc)) or {"status": "interrupted"}
+            summary = mark_summary(args.out, "interrupted", str(exc)) or {
+                "status": "interrupted",
+                "status_reason": str(exc),
+            }
             print(status_line(summary), file=sys.stderr)
             return exc.exit_code
         except ProcessError as exc:

@@ -18,5 +18,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first and pinned: flwr's and sentence-transformers' requirements would otherwise pull a newer build.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" "torch==2.14.1" "torchvision==0.29.1"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" -e ".[dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" -e ".[torch,dev]"
 echo "[setup] ready: $(.venv/bin/python -c 'import flwr, torch, sklearn; print(f"flwr {flwr.__version__}, torch {torch.__version__}, scikit-learn {sklearn.__version__}")')"

@@ -85,6 +85,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Ray simulation: GPU share per client (client-resources-num-gpus); 0.1 = 10 clients per GPU",
     )
     run.add_argument(
+        "--ray-address",
+        default="",
+        metavar="HOST:PORT",
+        help="Ray simulation on a Ray cluster you started (`ray start --head`; nodes join with "
+        "`ray start --address HOST:PORT`): its clients run on every node (docs/deployment.md)",
+    )
+    run.add_argument(
         "--engine",
         choices=ENGINES,
         default="flwr",
@@ -289,7 +296,7 @@ def _command(args: argparse.Namespace) -> int:
 
         print(tune_command(_resolved_run(args), overwrite=args.overwrite))
     elif args.command == "run":
-        resources = ClientResources(cpus=args.cpus_per_client, gpus=args.gpus_per_client)
+        resources = ClientResources(args.cpus_per_client, args.gpus_per_client, args.ray_address)
         run = _resolved_run(args)  # the run's configuration, resolved once
         if args.dry_run:
             cfg = validate(run, args.engine, resources, dry_run=True, overwrite=args.overwrite)

@@ -47,6 +47,10 @@ def describe_methods(name: str | None = None) -> str:
         kind = "vertical" if spec.vertical else "horizontal" if spec.federated else "centralized"
         out.append(f"{method}  [{kind}; datasets of kind {', '.join(spec.modalities)}]")
         out.append(f"  {spec.description}")
+        if spec.extra:
+            out.append(
+                f"  needs the '{spec.extra}' extra: pip install 'fedapp[{spec.extra}]' (setup.sh has it)"
+            )
         if spec.when:
             out += textwrap.wrap(
                 f"when to use it: {spec.when}", 110, initial_indent="  ", subsequent_indent="    "

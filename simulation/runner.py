@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from fedapp.config.run import PROJECT_ROOT
+from fedapp.launch.app_dir import flower_app_dir
 from fedapp.launch.options import ClientResources
 from fedapp.launch.outputs import clear_outputs
 from fedapp.launch.phase import PHASE_FILE, RunPhase
@@ -215,6 +215,8 @@ def _run_flwr(
 ) -> None:
     flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
     env = flower_env(flwr_home)
+    if resources.ray_address:  # Flower's Ray backend calls ray.init(): it joins the cluster RAY_ADDRESS names
+        env["RAY_ADDRESS"] = resources.ray_address
     phase.path = flwr_home / PHASE_FILE  # the watchdog reads it after a SIGKILL
     phase.set("starting the SuperLink")
     guard = start_watchdog(
@@ -227,13 +229,14 @@ def _run_flwr(
         run_config = flwr_home / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(run)))
         federation = resources.federation_config(run.config.num_clients)
+        app_dir = flower_app_dir(flwr_home)  # the checkout, or the installed packages' copy
         with local_simulation_superlink(flwr_home, env) as superlink:
             started.append(superlink)
             phase.set("starting the federation")
             command = [
                 console_script("flwr"),
                 "run",
-                str(PROJECT_ROOT),
+                str(app_dir),
                 "--stream",
                 "--federation-config",
                 federation,
@@ -241,7 +244,7 @@ def _run_flwr(
                 str(run_config),
             ]
             returncode = run_filtered(
-                command, env, log_path, quiet=quiet, cwd=PROJECT_ROOT, started=started, on_line=phase.see
+                command, env, log_path, quiet=quiet, cwd=app_dir, started=started, on_line=phase.see
             )
             if returncode != 0 and superlink.poll() is not None:  # it died on its own, mid-run
                 lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"

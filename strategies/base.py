@@ -136,6 +136,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         self.record.client_seconds(server_round, "fit", [res.metrics for _, res in results])
+        self.record.placement([res.metrics for _, res in results])
         with self.record.stopwatch(server_round, "server_aggregate_s"):
             self.rounds_run = server_round
             replied = {client.cid for client, _ in results}

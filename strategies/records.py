@@ -19,7 +19,7 @@ import numpy as np
 from flwr.common import EvaluateRes, FitRes, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.app.managed_client import SECONDS_KEY
+from fedapp.app.managed_client import RAY_NODE_KEY, SECONDS_KEY
 from fedapp.report.ledger import CommLedger, mapping_nbytes, parameters_nbytes
 from fedapp.report.records import PROGRESS_MARKER, write_run_outputs
 from strategies.failures import failure_line
@@ -39,6 +39,7 @@ class RunRecord:
         self.timing: dict[int, dict[str, float]] = {}  # per round: server, client and remaining seconds
         self.lost_rounds: list[int] = []  # fit rounds that changed nothing
         self.failure_messages: list[str] = []  # the clients' own words, in the order they came
+        self.ray_nodes: dict[str, set[int]] = {}  # Ray simulation: node id -> the partitions it ran fits of
         self.round_started: dict[int, float] = {}  # rounds in which clients were asked to fit
         self.started = time.perf_counter()
         self._reported: set[int] = set()
@@ -78,6 +79,13 @@ class RunRecord:
             record[f"client_{phase}_max_s"] = max(seconds)
             record[f"client_{phase}_median_s"] = float(np.median(seconds))
 
+    def placement(self, metrics: list[dict[str, Scalar]]) -> None:
+        """Which Ray node ran each client's fit (the `ray-node` its reply carries in a Ray simulation)."""
+        for reply in metrics:
+            node, partition = reply.get(RAY_NODE_KEY), reply.get("partition-id")
+            if isinstance(node, str) and isinstance(partition, int):
+                self.ray_nodes.setdefault(node, set()).add(partition)
+
     # ------------------------------------------------------------------------------- communication
     def sent(self, server_round: int, phase: str, instructions: Sequence[tuple[ClientProxy, Any]]) -> None:
         """Book each instruction's bytes (parameters and config) in the ledger, as `phase` traffic."""
@@ -87,8 +95,8 @@ class RunRecord:
 
     def received(self, server_round: int, phase: str, results: Sequence[tuple[ClientProxy, Any]]) -> None:
         """Book each reply's bytes (parameters of a fit reply, metrics) in the ledger."""
-        for client, res in results:
-            up = mapping_nbytes(res.metrics)
+        for client, res in results:  # `ray-node` is the simulation's bookkeeping: a deployment sends none
+            up = mapping_nbytes({key: value for key, value in res.metrics.items() if key != RAY_NODE_KEY})
             if isinstance(res, FitRes):
                 up += parameters_nbytes(res.parameters)
             self.ledger.record(server_round, client.cid, phase, up=up)
@@ -206,6 +214,11 @@ class RunRecord:
             "failure_messages": self.failure_messages,
             "participation": {str(r): taken for r, taken in sorted(self.participation.items())},
             "timing": {str(r): seconds for r, seconds in sorted(self.timing.items())},
+            **(
+                {"ray_nodes": {node: sorted(ids) for node, ids in sorted(self.ray_nodes.items())}}
+                if self.ray_nodes
+                else {}
+            ),
         }
 
     def write(self, out_dir: Path, summary: dict[str, Any], final: bool) -> None:
@@ -226,6 +239,7 @@ class RunRecord:
             "timing": self.timing,
             "lost_rounds": self.lost_rounds,
             "failure_messages": self.failure_messages,
+            "ray_nodes": {node: sorted(ids) for node, ids in self.ray_nodes.items()},
             "elapsed": self.elapsed,
         }
 
@@ -234,6 +248,7 @@ class RunRecord:
         self.history, self.participation = state["history"], state["participation"]
         self.timing, self.lost_rounds = state["timing"], state["lost_rounds"]
         self.failure_messages = state["failure_messages"]
+        self.ray_nodes = {node: set(ids) for node, ids in state.get("ray_nodes", {}).items()}
         self.started = time.perf_counter() - state["elapsed"]
 
 

@@ -18,6 +18,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from fedapp.app.checkpoint import checkpoint_dir
 from fedapp.app.managed_client import ManagedClient
+from fedapp.app.preflight import check_dependencies
 from fedapp.config.run import ConfigError, NodeSettings, RunConfig, parse_run_config
 from fedapp.methods import load_class, method_spec
 from fedapp.privacy.floor import min_cluster_size
@@ -66,6 +67,7 @@ def client_fn(context: Context) -> Client:
     spec = method_spec(cfg.method)
     if spec.client is None:
         raise ConfigError(f"method '{cfg.method}' has no federated client")
+    check_dependencies(cfg.method)  # a node installed without the method's extra: say so, not ImportError
     checkpoints = None
     if cfg.checkpoint_every or cfg.resume:
         out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.method, cfg.dataset, cfg.seed)

@@ -2,7 +2,9 @@
 
 `ManagedClient` wraps the method's NumPyClient. It adds `client-seconds` (the wall time of this client's
 fit or evaluate call) to the reply's metrics, so the server can split a round into its own work, the
-clients' compute and the rest (transport, scheduling); and, with `checkpoint-every` / `resume`, it saves
+clients' compute and the rest (transport, scheduling); in a Ray simulation, `ray-node` (the Ray node that
+ran the fit, so a run on a Ray cluster shows where its clients ran: summary.json `ray_nodes`); and, with
+`checkpoint-every` / `resume`, it saves
 `context.state` after each fit and reloads it once after a resume (see fedapp/app/checkpoint.py). A fit
 message that carries the final report's stage (`fedapp.report.stages`, sent so under SecAgg+) goes to the
 client's report (`final_report.secure`, clients/report.py), not to the method's training step; one that
@@ -14,6 +16,7 @@ chosen k (`CHOSEN_K_KEY`), so the method's client is built for the message it an
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,7 +34,17 @@ from fedapp.report.keep import KEEP_KEY
 from fedapp.report.stages import REPORT_KEY
 
 SECONDS_KEY = "client-seconds"  # metrics key: this client's compute time for the message
+RAY_NODE_KEY = "ray-node"  # metrics key of a fit reply in a Ray simulation: the node that ran it
 _RESTORED = "fedapp.restored"  # context.state marker: this client has reloaded its state
+
+
+def ray_node() -> str | None:
+    """The id of the Ray node this process runs on, inside a Ray simulation's actor; None elsewhere
+    (a deployment or the in-process engine, where Ray is not even imported)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return str(ray.get_runtime_context().get_node_id())
 
 
 class ClientSiteError(RuntimeError):
@@ -105,7 +118,8 @@ class ManagedClient(NumPyClient):
         if self.checkpoints is not None and isinstance(server_round, int):
             state = RecordDict({key: value for key, value in self.context.state.items() if key != _RESTORED})
             save_client_state(self.checkpoints, self.partition_id, server_round, state)
-        return arrays, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
+        placed = {RAY_NODE_KEY: node} if (node := ray_node()) else {}
+        return arrays, n, {**metrics, SECONDS_KEY: time.perf_counter() - started, **placed}
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]

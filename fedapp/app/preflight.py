@@ -1,6 +1,7 @@
 """Checks that need the data, run before any Flower process starts (the runner and the deploy script).
 
-`parse_run_config` checks keys alone; this module checks the run they describe: the dataset's files load
+`parse_run_config` checks keys alone; this module checks the run they describe: the method's optional
+dependencies are installed (`check_dependencies`: a torch method in a base install), the dataset's files load
 and parse, the partition exists for this many clients, every client holds at least k samples and at least
 the privacy floor where its method's clients refuse below it, their local centres can reach k
 (`fedapp.app.floor_rules`), vertical parties' own files share enough ids, and the output directory is
@@ -26,7 +27,7 @@ from fedapp.datasets import Dataset, DatasetError, has_placeholder
 from fedapp.datasets.local import columns_of, expected_kind, load_run_dataset, views_of
 from fedapp.datasets.partition import partition_indices
 from fedapp.datasets.streaming import Summary, streams, summary
-from fedapp.methods import method_spec
+from fedapp.methods import method_spec, missing_modules
 from fedapp.privacy.alignment import AlignmentError, intersect
 from fedapp.privacy.plan import check_delta
 
@@ -43,6 +44,18 @@ class Site:
 
     def holds(self) -> str:
         return f"client {self.partition_id}: {self.source} holds {self.records} records"
+
+
+def check_dependencies(method: str) -> None:
+    """A method whose code needs an optional dependency group (`MethodSpec.extra`) that is not installed
+    here: one line naming the extra, instead of an ImportError after the federation started."""
+    spec = method_spec(method)
+    missing = missing_modules(spec)
+    if missing:
+        raise ConfigError(
+            f"method '{method}' needs the '{spec.extra}' extra ({', '.join(missing)} not installed here): "
+            f"pip install 'fedapp[{spec.extra}]' (bash scripts/setup.sh installs everything)"
+        )
 
 
 def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:

@@ -10,6 +10,7 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid
 
+from fedapp.app.preflight import check_dependencies
 from fedapp.app.secure_loop import run_secure
 from fedapp.app.server_loop import CountingGrid, FedappServer
 from fedapp.config.run import ConfigError, RunConfig, parse_run_config
@@ -30,6 +31,7 @@ def server_components(cfg: RunConfig) -> ServerAppComponents:
             f"method '{cfg.method}' is the centralized reference and does not run under Flower; "
             f"run it with: python -m simulation run --method {cfg.method} --dataset {cfg.dataset}"
         )
+    check_dependencies(cfg.method)  # the SuperLink's machine lacks the method's extra: one line
     strategy = load_class(spec.strategy)(cfg)
     if cfg.resume:
         try:

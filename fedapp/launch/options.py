@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,11 +22,14 @@ class ClientResources:
     """What Ray reserves per simulated client: `client-resources-num-cpus` / `-num-gpus`.
 
     Ray runs as many clients at once as the machine's CPUs (and GPUs) allow: 1 CPU per client on 2 cores
-    means 2 clients at a time; `gpus=0.1` lets 10 clients share one GPU.
+    means 2 clients at a time; `gpus=0.1` lets 10 clients share one GPU. With `ray_address` the clients run
+    on that cluster's nodes instead (Flower's Ray backend connects to it through `RAY_ADDRESS`), as many at
+    once as all its nodes' resources allow.
     """
 
     cpus: int = DEFAULT_CPUS_PER_CLIENT
     gpus: float = 0.0
+    ray_address: str = ""  # HOST:PORT of a Ray cluster the user started (`ray start --head`); "": a local one
 
     def federation_config(self, num_clients: int) -> str:
         """The `flwr run --federation-config` value for a simulation of `num_clients` SuperNodes."""
@@ -40,6 +44,11 @@ class ClientResources:
             cpu_count = os.cpu_count() or 1
         if float(self.cpus) != int(self.cpus) or self.cpus < 1:
             raise ConfigError(f"--cpus-per-client must be a whole number >= 1, got {self.cpus}")
+        if self.ray_address:  # the cluster's nodes, not this machine, hold the CPUs and GPUs
+            check_ray_address(self.ray_address)
+            if self.gpus < 0:
+                raise ConfigError(f"--gpus-per-client must be >= 0, got {self.gpus:g}")
+            return
         if self.cpus > cpu_count:
             raise ConfigError(f"--cpus-per-client {self.cpus} exceeds the {cpu_count} CPUs of this machine")
         if self.gpus < 0:
@@ -54,6 +63,24 @@ class ClientResources:
                 )
             if self.gpus > gpu_count:
                 raise ConfigError(f"--gpus-per-client {self.gpus:g} exceeds the {gpu_count} GPU(s) here")
+
+
+def check_ray_address(address: str, timeout: float = 3.0) -> None:
+    """A Ray cluster's HOST:PORT (the GCS address `ray start --head` prints) that answers; else a
+    ConfigError in seconds, instead of a simulation that hangs connecting."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(
+            f"--ray-address '{address}' is not HOST:PORT (the address `ray start --head` prints, e.g. "
+            "10.0.0.5:6379)"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}): start one with "
+            f"`ray start --head --port {port}` there, or check the address"
+        ) from None
 
 
 def cuda_device_count() -> int:

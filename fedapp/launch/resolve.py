@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedapp.app.preflight import check_run
+from fedapp.app.preflight import check_dependencies, check_run
 from fedapp.config.run import ConfigError, RunConfig, default_run_config, parse_run_config
 from fedapp.datasets import (
     MAT_PREFIX,
@@ -133,12 +133,16 @@ def validate(
     dry_run: bool = False,
     overwrite: bool = False,
 ) -> RunConfig:
-    """Everything checked before a run starts (engine, resources, data, partition, k, the privacy floor,
-    the output directory and an earlier run's outputs in it, which only `overwrite` or `resume` accept);
-    `dry_run`: the same, creating nothing. Raises ConfigError / DatasetError with one line."""
+    """Everything checked before a run starts (the method's optional dependencies, engine, resources,
+    data, partition, k, the privacy floor, the output directory and an earlier run's outputs in it, which
+    only `overwrite` or `resume` accept); `dry_run`: the same, creating nothing. Raises ConfigError /
+    DatasetError with one line."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
     cfg = run.config
+    check_dependencies(cfg.method)  # a torch method in a base install: before anything else is read
+    if resources.ray_address and engine == "inprocess":
+        raise ConfigError("--ray-address needs --engine flwr: the in-process engine runs without Ray")
     if cfg.secagg and engine == "inprocess":
         raise ConfigError("secagg=true needs --engine flwr: Flower's SecAgg+ runs on its message runtime")
     resources.validate()

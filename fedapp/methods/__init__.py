@@ -10,6 +10,7 @@ another, and `fedapp/` never imports `clients/` or `strategies/`.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,7 @@ class MethodSpec:
     default_rounds: int = 0
     torch_model: bool = False  # its global model is torch state (saved as safetensors)
     own_k: bool = False  # its number of clusters is a key of its own (gfedntm.topics), not run-config k
+    extra: str = ""  # the optional dependencies its code imports (`EXTRAS`: pip install 'fedapp[torch]')
     when: str = ""  # measured guidance: where it holds up, where another method does better
 
     @property
@@ -94,6 +96,7 @@ def _fstc_ablation(name: str, description: str, strategy: str, client: str) -> M
         table="fstc",
         default_rounds=41,
         torch_model=True,
+        extra="torch",
     )
 
 
@@ -126,6 +129,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("images",),
             config=CCFCConfig,
             torch_model=True,
+            extra="torch",
             secagg=True,
             dp=CCFC_DP,
         ),
@@ -180,6 +184,7 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("bow", "texts"),
             config=GFedNTMConfig,
             torch_model=True,
+            extra="torch",
             secagg=True,
             own_k=True,
             dp=GFEDNTM_DP,
@@ -201,6 +206,7 @@ METHODS: dict[str, MethodSpec] = {
             default_rounds=41,
             torch_model=True,
             secagg=True,
+            extra="torch",
             when=FSTC_WHEN,
             dp=FSTC_DP,
         ),
@@ -225,6 +231,7 @@ METHODS: dict[str, MethodSpec] = {
             config=FSCCLConfig,
             default_rounds=41,
             torch_model=True,
+            extra="torch",
         ),
         MethodSpec(
             "fbow",
@@ -253,6 +260,7 @@ METHODS: dict[str, MethodSpec] = {
             config=TextKFedConfig,
             table="textkfed",
             dp=KFED_DP,
+            extra="torch",
         ),
         MethodSpec(
             "fsbert",
@@ -262,9 +270,21 @@ METHODS: dict[str, MethodSpec] = {
             modalities=("texts",),
             config=TextKFedConfig,
             table="textkfed",
+            extra="torch",  # sentence embeddings
         ),
     )
 }
+
+
+# The modules of each optional dependency group (pyproject's [project.optional-dependencies]) whose absence
+# a method that needs the group is refused for, before any process starts (`fedapp.app.preflight`).
+# torchvision is left out: only CCFC's ResNet-18 backbone (RGB images) imports it, when it builds one.
+EXTRAS: dict[str, tuple[str, ...]] = {"torch": ("torch", "sentence_transformers")}
+
+
+def missing_modules(spec: MethodSpec) -> list[str]:
+    """The modules of the method's extra that this environment lacks (looked up, not imported: fast)."""
+    return [module for module in EXTRAS.get(spec.extra, ()) if importlib.util.find_spec(module) is None]
 
 
 class UnknownMethodError(ValueError):
