@@ -177,3 +177,26 @@ def test_a_checkpoint_keeps_the_report(tmp_path: Path) -> None:
     assert all(ins.config == {REPORT_KEY: STAGE_DISTANCES} for _, ins in instructions)
     sent = parameters_to_ndarrays(instructions[0][1].parameters)
     np.testing.assert_allclose(sent[0], pooled_means(before.pooled_sums()))
+
+
+def test_secure_stages_carry_the_plain_stages_config_and_a_stage_nobody_reached_is_a_loss(
+    tmp_path: Path,
+) -> None:
+    """Under SecAgg+ a stage's fit messages keep what its plain messages say (the chosen k: a Ray process
+    that serves only the report builds its client from it; how a kept start labels), and a stage that
+    SecAgg+ aggregated nothing for names every client asked in the report's problems."""
+    from fedapp.app.k_selection import CHOSEN_K_KEY
+    from fedapp.report.stages import SCALE_KEY
+
+    strategy = _strategy(tmp_path)
+    strategy.latest_parameters = ndarrays_to_parameters([np.zeros((K, 4))])
+    strategy.k_choice.chosen = K
+    manager = mock_manager(CIDS)
+    plain = strategy.final_report.configure(STAGE_ASSIGN, manager)
+    secure = strategy.final_report.configure_secure(STAGE_ASSIGN, manager, 0.25)
+    assert plain and len(secure) == len(plain)
+    for (_, ins), (_, fit) in zip(plain, secure, strict=True):
+        assert fit.config == {**ins.config, SCALE_KEY: 0.25} and fit.config[CHOSEN_K_KEY] == K
+    strategy.final_report.lost(STAGE_ASSIGN, "SecAgg+ aggregated nothing")
+    assert strategy.final_report.problems[STAGE_ASSIGN] == sorted(CIDS)
+    assert any("SecAgg+ aggregated nothing" in warning for warning in strategy.warnings)
