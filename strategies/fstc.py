@@ -313,12 +313,25 @@ class FSTCStrategy(ClusteringStrategy):
         # F starts as C̃'s nearest-centre classifier; not under DP, whose clients build the public
         # initial model from the run seed alone (`clients.fstc.FSTCClient.public_model`)
         if self.params.head_init == HEAD_INIT_CENTRES and not self.privacy.private:
-            model.head.start_at(self.centres, self.params.head_scale)
+            model.head.start_at(self.centres, self.head_scale())
         self.schema = state_schema(model)
         self.initial_model = state_arrays(model)
         source = INIT_SOURCES.get(self.init, "local k-means centres")
         log(INFO, "FSTC: %d initial centres from %d clients' %s", self.k, len(replies), source)
         return ndarrays_to_parameters([self.centres])
+
+    def head_scale(self) -> float:
+        """`fstc.head-scale`, lowered under SecAgg+ so the started F's weights stay within half of
+        `secagg-clip` (SecAgg+ clips beyond it; half leaves training room). The argmax, the nearest
+        centre, does not depend on the scale."""
+        scale = self.params.head_scale
+        if not self.cfg.secagg:
+            return scale
+        largest = max(float(np.abs(self.centres).max()), float(0.5 * (self.centres**2).sum(1).max()))
+        bound = 0.5 * self.cfg.secagg_clip / max(largest, 1e-12)
+        if bound < scale:
+            log(INFO, "FSTC: F starts at scale %.3g, not %.3g, to stay within secagg-clip/2", bound, scale)
+        return min(scale, bound)
 
     def note_site_skew(self, points: list[np.ndarray], weights: list[np.ndarray]) -> None:
         """Say when sites hold different clusters (label skew), the shape where FSTC was measured far

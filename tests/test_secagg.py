@@ -71,6 +71,9 @@ FSTC_SECURE_KEYS = {
     "fstc.warmup-iters": 5,
     "fstc.label-updates": 2,
     "fstc.secure-lloyd": 0,  # the same rounds as the plain moments run (the Lloyd steps: tested below)
+    # unit-norm embeddings: |F's started weights| <= scale, within secagg-clip / 2 = 1, so both runs
+    # start F alike (a larger scale is lowered under SecAgg+ only: test_the_started_head_fits_secagg)
+    "fstc.head-scale": 1.0,
     # tiny data makes the run chaotic (one pseudo-label flipped by noise changes the rest), so keep
     # SecAgg+'s noise small: representations are near unit norm, a client holds <= 200 texts
     "secagg-clip": 2.0,
@@ -205,6 +208,19 @@ def secure_results(
 def fstc_strategy(tmp_path: Path, lloyd: int = 0) -> FSTCStrategy:
     keys = {"secagg-max-weight": MAX_WEIGHT, "fstc.secure-lloyd": lloyd}
     return FSTCStrategy(fstc_config(tmp_path, secagg=True, **keys))
+
+
+def test_the_started_head_fits_secagg(tmp_path: Path) -> None:
+    """Under SecAgg+, F's nearest-centre start is scaled so no weight exceeds secagg-clip / 2 (SecAgg+
+    would clip it: a wrong, not a noisy, sum); a start that fits keeps `fstc.head-scale`."""
+    strategy = fstc_strategy(tmp_path)
+    strategy.centres = np.array([[3.0, 0.0], [0.0, -1.0]])  # weights 3 s, bias 4.5 s
+    scale = strategy.head_scale()
+    clip = strategy.cfg.secagg_clip
+    assert scale < strategy.params.head_scale
+    assert max(3.0 * scale, 4.5 * scale) == pytest.approx(clip / 2)
+    strategy.centres = np.array([[0.1, 0.0], [0.0, -0.1]])
+    assert strategy.head_scale() == strategy.params.head_scale
 
 
 def test_fstc_strategy_applies_eq16_to_secure_sums(tmp_path: Path) -> None:
