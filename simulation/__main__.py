@@ -1,5 +1,5 @@
-"""The `fedapp` command (also `python -m simulation`): run, tune, experiment, deploy, predict, datasets,
-methods, stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py,
+"""The `fedapp` command (also `python -m simulation`): run, tune, experiment, deploy, predict, report,
+datasets, methods, stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py,
 deploy/run_local.py, fedapp/launch/)."""
 
 from __future__ import annotations
@@ -157,6 +157,12 @@ def _parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set text-column=body"
     )
 
+    report = sub.add_parser(
+        "report",
+        help="redraw DIR/report.html and its nodes' pages (nodes/*/report.html) from the run's files",
+    )
+    report.add_argument("out", type=path_argument, help="a run's output folder, or one node's folder")
+
     datasets = sub.add_parser("datasets", help="list registered datasets: kind, accepting methods, files")
     datasets.add_argument("--markdown", action="store_true", help="a markdown table (as in README.md)")
     methods = sub.add_parser("methods", help="list methods with their config keys, defaults and presets")
@@ -277,6 +283,15 @@ def _command(args: argparse.Namespace) -> int:
         except ModelError as exc:
             raise ConfigError(str(exc)) from None
         print(f"wrote {args.out}: {rows} records")
+        return 0
+    if args.command == "report":
+        from fedapp.report.pages import rebuild
+
+        try:
+            pages = rebuild(args.out)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+        print("\n".join(f"wrote {path}" for path in pages))
         return 0
     if args.command == "datasets":
         infos = dataset_infos()

@@ -227,6 +227,60 @@ def scatter(
     return _figure(title, frame + dots, legend, width=size, height=size)
 
 
+def dot_rows(title: str, rows: Sequence[tuple[str, Sequence[float], float | None]], x_label: str) -> str:
+    """One row of dots per label (e.g. a run's seeds), the mean as a bar and a reference (the paper's
+    figure) as a red diamond: the spread of each row at a glance."""
+    values = [v for _, seeds, ref in rows for v in (*seeds, ref) if _finite(v)]
+    if not values:
+        return ""
+    label_width, row_h, top = 170, 22, 26
+    width, height = WIDTH + 120, top + row_h * len(rows) + 34
+    low, high = min(values), max(values)
+    if low == high:
+        low, high = low - 1, high + 1
+    pad = (high - low) * 0.05
+    low, high = low - pad, high + pad
+    right = width - MARGIN_RIGHT
+
+    def px(value: float) -> float:
+        return label_width + (value - low) / (high - low) * (right - label_width)
+
+    parts = []
+    for value in ticks(low, high, 6):
+        parts.append(
+            f'<line x1="{px(value):.1f}" y1="{top}" x2="{px(value):.1f}" y2="{top + row_h * len(rows)}" '
+            f'stroke="#eef0f3"/><text x="{px(value):.1f}" y="{top + row_h * len(rows) + 14}" '
+            f'text-anchor="middle">{number(value, 4)}</text>'
+        )
+    for index, (label, seeds, ref) in enumerate(rows):
+        y = top + index * row_h + row_h / 2
+        parts.append(f'<text x="{label_width - 6}" y="{y + 4:.1f}" text-anchor="end">{text(label)}</text>')
+        finite = [v for v in seeds if _finite(v)]
+        if finite:
+            mean = sum(finite) / len(finite)
+            parts.append(
+                f'<line x1="{px(mean):.1f}" y1="{y - 7:.1f}" x2="{px(mean):.1f}" y2="{y + 7:.1f}" '
+                f'stroke="{PALETTE[0]}" stroke-width="2">'
+                f"<title>{text(label)}: mean {number(mean)}</title></line>"
+            )
+        for value in finite:
+            parts.append(
+                f'<circle cx="{px(value):.1f}" cy="{y:.1f}" r="3.5" fill="{PALETTE[0]}" fill-opacity="0.6">'
+                f"<title>{text(label)}: {number(value)}</title></circle>"
+            )
+        if _finite(ref):
+            x = px(float(ref))  # type: ignore[arg-type]
+            parts.append(
+                f'<path d="M{x:.1f},{y - 5:.1f} L{x + 5:.1f},{y:.1f} L{x:.1f},{y + 5:.1f} '
+                f'L{x - 5:.1f},{y:.1f} Z" '
+                f'fill="#c62828"><title>{text(label)}: paper {number(ref)}</title></path>'
+            )
+    middle = (label_width + right) / 2
+    parts.append(f'<text x="{middle:.0f}" y="{height - 4}" text-anchor="middle">{text(x_label)}</text>')
+    legend = _legend_of([(PALETTE[0], "a seed (bar: the mean)"), ("#c62828", "the paper")])
+    return _figure(title, "".join(parts), legend, width=width, height=height)
+
+
 @dataclass(frozen=True)
 class Cell:
     """One cell of a grid: its colour and what hovering over it says."""
