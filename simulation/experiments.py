@@ -226,6 +226,7 @@ def run_experiment(
     only: set[str] | None = None,
     progress: Callable[[str], None] = print,
     overwrite: bool = False,
+    on_run: Callable[[str, int, Path], None] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Execute every run x seed; returns label -> list of summaries. Writes table.md, table.html (the
     table, each metric's spread over seeds, links to every run's report.html) and results.json.
@@ -236,7 +237,7 @@ def run_experiment(
     directory. Without either, run directories holding earlier outputs are refused before the first
     run. `only`: run these labels alone; with `resume` the table and results.json still list every other
     label whose runs are all finished for these seeds, so a sweep run a label at a time ends with one
-    whole table.
+    whole table. `on_run(label, seed, out_dir)` is called after every run this call ran (not reused).
     """
     if only and (unknown := sorted(only - {spec.label for spec in experiment.runs})):
         raise ExperimentError(f"--only {unknown[0]!r}: no run with that label in '{experiment.name}'")
@@ -255,6 +256,8 @@ def run_experiment(
             if summary is None:
                 clear = clears(run, resume=resume, overwrite=overwrite)
                 summary = execute(run, engine or experiment.engine, quiet=True, overwrite=clear)
+                if on_run is not None:
+                    on_run(spec.label, seed, out_dir)
             if summary.get("status") == "failed":
                 raise RunError(f"run '{spec.label}' seed {seed} failed: {summary.get('status_reason')}")
             results.setdefault(spec.label, []).append(summary)

@@ -250,7 +250,10 @@ def clusters(summary: Mapping[str, Any], model: Mapping[str, Any]) -> str:
         )
     if report.get("noisy"):
         notes.append("sizes are differentially private (noisy) totals")
-    body = table(("cluster", "size", "share", "", "words"), rows, (1, 1, 0, 0, 0))
+    if not words:  # no words for this kind of data: no empty column
+        rows = [row[:-1] for row in rows]
+    headers = ("cluster", "size", "share", "", "words")[: 5 if words else 4]
+    body = table(headers, rows, (1, 1, 0, 0, 0))
     return section("clusters", "Clusters", body, "; ".join(notes))
 
 
@@ -298,28 +301,28 @@ def curves(summary: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> 
 
 
 def method_curves(summary: Mapping[str, Any]) -> str:
-    """Charts of any list of per-round records in a method's own block (e.g. FSTC's training losses)."""
+    """Charts of a method's own per-round values: lists of records with a round (e.g. FSTC's training
+    losses, against the round) and lists of numbers (e.g. FFCM's centre shifts, against their position)."""
     charts = []
     for name, block in summary.items():
         if name in KNOWN or not isinstance(block, Mapping):
             continue
-        for field, records in block.items():
-            if not (
-                isinstance(records, list)
-                and records
-                and all(isinstance(r, Mapping) and "round" in r for r in records)
-            ):
+        for field, values in block.items():
+            if not isinstance(values, list) or len(values) < 2:
                 continue
-            xs = [r["round"] for r in records]
-            keys = list(
-                dict.fromkeys(k for r in records for k, v in r.items() if k != "round" and _number(v))
-            )
-            for key in keys:
-                ys = [r.get(key) for r in records]
-                if len({y for y in ys if _number(y)}) > 1:  # a constant says nothing drawn
-                    charts.append(
-                        line_chart(Chart(f"{name}.{field}: {key}", "round", key, [Series(key, xs, ys)]))
-                    )
+            if all(isinstance(r, Mapping) and "round" in r for r in values):
+                xs = [r["round"] for r in values]
+                keys = list(
+                    dict.fromkeys(k for r in values for k, v in r.items() if k != "round" and _number(v))
+                )
+                for key in keys:
+                    ys = [r.get(key) for r in values]
+                    if len({y for y in ys if _number(y)}) > 1:  # a constant says nothing drawn
+                        chart = Chart(f"{name}.{field}: {key}", "round", key, [Series(key, xs, ys)])
+                        charts.append(line_chart(chart))
+            elif all(_number(v) or v is None for v in values):
+                series = [Series(field, list(range(1, len(values) + 1)), values)]
+                charts.append(line_chart(Chart(f"{name}.{field}", "entry", field, series)))
     return "".join(charts)
 
 
