@@ -25,7 +25,7 @@ PALETTE = (
     "#17becf",
 )
 DASHES = ("", "5 3", "2 2", "8 3 2 3")
-WIDTH, HEIGHT = 520, 230
+WIDTH, HEIGHT = 500, 230
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 58, 14, 28, 36
 MARKERS_UP_TO = 40  # points per series drawn as dots too (more: the line alone)
 
@@ -203,7 +203,7 @@ def _figure(title: str, body: str, legend: str = "", width: int = WIDTH, height:
 
 
 def scatter(
-    title: str, xs: Sequence[float], ys: Sequence[float], groups: Sequence[int], size: int = 440
+    title: str, xs: Sequence[float], ys: Sequence[float], groups: Sequence[int], size: int = 400
 ) -> str:
     """A square scatter map (equal scales on both axes), one colour per group, e.g. a node's records by
     cluster."""

@@ -93,7 +93,7 @@ def section(anchor: str, title: str, body: str, note: str = "") -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[bool] = ()) -> str:
     """A table; cells are escaped unless they are `Raw`; `numeric` columns are right-aligned numbers."""
-    head = "".join(f"<th>{text(h)}</th>" for h in headers)
+    head = "".join(f"<th>{text(h)}</th>" for h in headers) if any(headers) else ""
     body = []
     for row in rows:
         cells = []
@@ -102,7 +102,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequen
             shown = cell if isinstance(cell, Raw) else text(number(cell) if is_number else cell)
             cells.append(f'<td class="num">{shown}</td>' if is_number else f"<td>{shown}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    thead = f"<thead><tr>{head}</tr></thead>" if head else ""  # a list of (name, value) needs no header
+    return f"<table>{thead}<tbody>{''.join(body)}</tbody></table>"
 
 
 class Raw(str):
