@@ -1,9 +1,10 @@
 """Client side of the final report (`fedapp.report.stages`), composed into every client as `final_report`.
 
-Stage 1 labels every local record with the global model (the method's `assign`), writes
-`assignments.csv` on this node and computes the statistics once: cluster sizes, the per-cluster sums of
-the clusters at or above the privacy floor, term counts for texts, the contingency table when the client
-has labels. Stage 2 sums the distances to the pooled means the server sends. A run then differs only in
+Stage 1 labels every local record with the global model (the method's `assign`), writes `assignments.csv`
+and this node's own page `report.html` (`fedapp.report.pages.node`; never sent) on this node and computes
+the statistics once: cluster sizes, the per-cluster sums of the clusters at or above the privacy floor, term
+counts for texts, the contingency table when the client has labels. Stage 2 sums the distances to the
+pooled means the server sends (their counts go on the node's page). A run then differs only in
 how they leave: in the clear in an evaluate reply (plain), as SecAgg+ sums in a fit reply (`secagg`,
 `secure`), or as differentially private releases of clipped records (`dp.report = noise`; with
 `withhold`, only the client's identity leaves).

@@ -313,10 +313,10 @@ def _command(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}: {rows} records")
         return 0
     if args.command == "report":
-        from fedapp.report.pages import rebuild
+        from fedapp.report.pages.run import rebuild_pages
 
         try:
-            pages = rebuild(args.out)
+            pages = rebuild_pages(args.out)
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         print("\n".join(f"wrote {path}" for path in pages))

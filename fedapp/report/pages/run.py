@@ -134,6 +134,30 @@ def write_run_report(out_dir: Path) -> Path:
     return write_page(Path(out_dir) / REPORT_FILE, build_run_report(out_dir))
 
 
+def rebuild_pages(folder: Path) -> list[Path]:
+    """`fedapp report`: redraw the pages of a run folder (its own and `nodes/*/`) or of one node's
+    folder from the files beside them; returns the pages written."""
+    from fedapp.report.pages.node import NODE_DATA, rebuild_node_page  # numpy: not for every summary write
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder")
+    written = []
+    if (folder / "summary.json").is_file():
+        written.append(write_run_report(folder))
+    nodes = sorted(
+        (folder / "nodes").glob(f"*/{NODE_DATA}"), key=lambda p: (len(p.parent.name), p.parent.name)
+    )
+    for data in [folder / NODE_DATA, *nodes]:
+        if data.is_file():
+            written.append(rebuild_node_page(data.parent))
+    if not written:
+        raise FileNotFoundError(
+            f"{folder}: neither a run folder (summary.json) nor a node folder ({NODE_DATA}) to draw from"
+        )
+    return written
+
+
 def update_run_report(out_dir: Path) -> Path | None:
     """`write_run_report` where a run goes on regardless: a page that cannot be drawn is a logged
     warning, never the run's failure (the page is a view of files the run has already written)."""
