@@ -415,12 +415,17 @@ def privacy(summary: Mapping[str, Any]) -> str:
             ("records under the floor in the final report (no sums sent)", number(report["withheld_records"]))
         )
     dp = (summary.get("privacy") or {}).get("dp")
-    rows.append(("differential privacy", "off" if not dp else "on"))
+    spent = ""
+    if isinstance(dp, Mapping) and "epsilon_spent" in dp:
+        spent = f": ε {number(dp['epsilon_spent'])} spent of {number(dp.get('epsilon_target'))}"
+        spent += f", δ {number(dp.get('delta'))}"
+    rows.append(("differential privacy", "off" if not dp else f"on{spent}"))
     body = table(("", ""), rows)
     extra = {k: v for k, v in (summary.get("privacy") or {}).items() if v is not None}
-    for key in ("dp", "secagg"):
-        if report.get(key):
-            extra[f"report.{key}"] = report[key]
+    if report.get("secagg"):
+        extra["report.secagg"] = report["secagg"]
+    if report.get("dp") and not (isinstance(dp, Mapping) and dp.get("report") == report["dp"]):
+        extra["report.dp"] = report["dp"]
     if extra:
         body += key_values(extra)
     return section("privacy", "Privacy", body)
