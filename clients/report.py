@@ -1,9 +1,10 @@
 """Client side of the final report (`fedapp.report.stages`), composed into every client as `final_report`.
 
-Stage 1 labels every local record with the global model (the method's `assign`), writes
-`assignments.csv` on this node and computes the statistics once: cluster sizes, the per-cluster sums of
-the clusters at or above the privacy floor, term counts for texts, the contingency table when the client
-has labels. Stage 2 sums the distances to the pooled means the server sends. A run then differs only in
+Stage 1 labels every local record with the global model (the method's `assign`), writes `assignments.csv`
+and this node's own page `report.html` (`fedapp.report.pages.node`; never sent) on this node and computes
+the statistics once: cluster sizes, the per-cluster sums of the clusters at or above the privacy floor, term
+counts for texts, the contingency table when the client has labels. Stage 2 sums the distances to the
+pooled means the server sends (their counts go on the node's page). A run then differs only in
 how they leave: in the clear in an evaluate reply (plain), as SecAgg+ sums in a fit reply (`secagg`,
 `secure`), or as differentially private releases of clipped records (`dp.report = noise`; with
 `withhold`, only the client's identity leaves).
@@ -12,12 +13,13 @@ how they leave: in the clear in an evaluate reply (plain), as SecAgg+ sums in a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from logging import WARNING
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
-from flwr.common import Context, NDArrays, Scalar
+from flwr.common import Context, NDArrays, Scalar, log
 
 from fedapp.config.run import RunConfig
 from fedapp.datasets.local import LocalData
@@ -32,7 +34,8 @@ from fedapp.privacy.dp import clip_rows, distance_sensitivity, sum_count_sensiti
 from fedapp.privacy.floor import WITHHELD_KEY
 from fedapp.privacy.secagg import SUM, secure_upload
 from fedapp.privacy.uplink import Uplink
-from fedapp.report.assignments import ASSIGNMENTS_FILE, write_assignments
+from fedapp.report.assignments import ASSIGNMENTS_FILE, run_name, write_assignments
+from fedapp.report.pages.node import add_pooled_sizes, node_page_data, write_node_page
 from fedapp.report.stages import (
     DISTANCES_KEY,
     NOISY_KEY,
@@ -138,7 +141,49 @@ class ClientReport:
         result = client.assign(parameters, config)
         path = client.node_directory() / ASSIGNMENTS_FILE
         write_assignments(path, client.data.id_values, result.labels, result.scores)
+        self._node_page(result)
         return result
+
+    def _node_page(self, result: Assignment) -> None:
+        """This node's own page beside its assignments (`fedapp.report.pages.node`); never sent. A page
+        that cannot be drawn is a warning: the assignments and the report go on without it."""
+        client, cfg = self.client, self.client.cfg
+        header = {
+            "run": run_name(cfg.out_dir, cfg.method, cfg.dataset, cfg.seed),
+            "method": cfg.method,
+            "dataset": cfg.dataset,
+            "partition_id": client.partition_id,
+        }
+        names = [name.strip() for name in cfg.feature_columns.split(",") if name.strip()]
+        try:
+            data = node_page_data(
+                client.data,
+                result.labels,
+                result.scores,
+                result.score_kind,
+                result.space,
+                k=client.k,
+                header=header,
+                seed=cfg.seed,
+                keyword_min_docs=cfg.keyword_min_docs,
+                feature_names=names,
+            )
+            write_node_page(client.node_directory(), data)
+        except Exception as exc:  # noqa: BLE001 - a view of the node's records must not fail its report
+            log(
+                WARNING,
+                "client %d: report.html not written: %s: %s",
+                client.partition_id,
+                type(exc).__name__,
+                exc,
+            )
+
+    def _pooled_page(self, counts: np.ndarray) -> None:
+        """The pooled sizes the server sent back: the node's page shows its share of each cluster."""
+        try:
+            add_pooled_sizes(self.client.node_directory(), counts, noisy=self.client.cfg.dp.enabled)
+        except Exception as exc:  # noqa: BLE001 - as `_node_page`
+            log(WARNING, "client %d: report.html not updated: %s", self.client.partition_id, exc)
 
     def statistics(self, result: Assignment) -> Statistics:
         """Stage 1's statistics; keeps the labels and metric space of the shared clusters for stage 2."""
@@ -171,6 +216,7 @@ class ClientReport:
         """Stage 2: distances of the kept records to the pooled means the server sent."""
         kept = self._kept()
         means, counts = self._pooled_means(parameters, kept["space"].shape[1])
+        self._pooled_page(counts)
         return distance_sums(kept["space"], kept["labels"], means, counts, kept.get("rows"))
 
     # ------------------------------------------------------------------------ how they leave
@@ -216,6 +262,7 @@ class ClientReport:
             raise ValueError(f"client {client.partition_id}: dp.report withholds the report's distances")
         kept = self._kept()
         means, counts = self._pooled_means(parameters, kept["space"].shape[1])
+        self._pooled_page(counts)
         present = counts[kept["labels"]] > 0
         sums = distance_sums(
             kept["space"][present], kept["labels"][present], clip_rows(means, dp.clip), counts

@@ -18,5 +18,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first and pinned: flwr's and sentence-transformers' requirements would otherwise pull a newer build.
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" "torch==2.14.1" "torchvision==0.29.1"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" -e ".[torch,dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" -e ".[torch,dev,track]"
+# CI: Debian's Chromium for the report pages' browser test (tests/test_report_browser.py; it skips without)
+if [ "${CI:-}" = true ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+    || echo "[setup] chromium not installed: the browser test will skip" >&2
+fi
 echo "[setup] ready: $(.venv/bin/python -c 'import flwr, torch, sklearn; print(f"flwr {flwr.__version__}, torch {torch.__version__}, scikit-learn {sklearn.__version__}")')"

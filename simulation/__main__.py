@@ -1,5 +1,5 @@
-"""The `fedapp` command (also `python -m simulation`): run, tune, experiment, deploy, predict, datasets,
-methods, stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py,
+"""The `fedapp` command (also `python -m simulation`): run, tune, experiment, deploy, predict, report,
+datasets, methods, stop-local-superlink; `fedapp COMMAND --help` for each (see simulation/runner.py,
 deploy/run_local.py, fedapp/launch/)."""
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ from fedapp.launch.presets import apply_preset
 from fedapp.launch.processes import Interrupted, interruptible, local_superlinks
 from fedapp.launch.resolve import ENGINES, ResolvedRun, build_overrides, validate
 from fedapp.methods import METHODS
+from fedapp.report.pages.experiment import TABLE_PAGE
+from fedapp.report.pages.run import REPORT_FILE
 from fedapp.report.records import exit_code, format_metrics_table, mark_summary, status_line
 from simulation.experiments import ExperimentError, check_experiment, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.runner import RunError, execute
+from simulation.tracking import RUN_EXPERIMENT, TRACKERS, check_tracker
 
 
 def _prog() -> str:
@@ -62,6 +65,14 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="any run-config key, e.g. --set p=0.5 --set kfed.local-k=20 (`python -m simulation methods`)",
+    )
+
+
+def _add_track(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--track",
+        choices=TRACKERS,
+        help=f"log {what} in MLflow: MLFLOW_TRACKING_URI, else mlruns/ beside OUT (needs fedapp[track])",
     )
 
 
@@ -106,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--out holds an earlier run's outputs: remove them first (only files fedapp writes)",
     )
+    _add_track(run, "the run (parameters, per-round metrics, status, artifacts)")
 
     tune = sub.add_parser(
         "tune", help="choose k without labels (k-min..k-max): print the table, write DIR/tune.json, tune.png"
@@ -137,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     experiment.add_argument(
         "--dry-run", action="store_true", help="check every run x seed's configuration and data; run nothing"
     )
+    _add_track(experiment, "every run, under one MLflow experiment named after the file's")
     sub.add_parser(
         "deploy",
         add_help=False,
@@ -156,6 +169,12 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set text-column=body"
     )
+
+    report = sub.add_parser(
+        "report",
+        help="redraw DIR/report.html and its nodes' pages (nodes/*/report.html) from the run's files",
+    )
+    report.add_argument("out", type=path_argument, help="a run's output folder, or one node's folder")
 
     datasets = sub.add_parser("datasets", help="list registered datasets: kind, accepting methods, files")
     datasets.add_argument("--markdown", action="store_true", help="a markdown table (as in README.md)")
@@ -265,6 +284,21 @@ def _resolved_run(args: argparse.Namespace) -> ResolvedRun:
     return build_overrides(base, args.out)
 
 
+def _track(
+    tracker: str | None, experiment: str, root: Path, runs: list[tuple[Path, str, dict[str, str]]]
+) -> None:
+    """Log finished runs (folder, run name, tags) with `tracker` (`simulation.tracking`)."""
+    runs = [run for run in runs if (run[0] / "summary.json").is_file()]
+    if tracker is None or not runs:
+        return
+    from simulation.tracking import MlflowTracker
+
+    mlflow = MlflowTracker(experiment, root)
+    for out_dir, name, tags in runs:
+        run_id = mlflow.log_run(out_dir, name, tags)
+        print(f"tracked {out_dir} in MLflow ({mlflow.uri}): experiment '{experiment}', run {run_id}")
+
+
 def _command(args: argparse.Namespace) -> int:
     if args.command == "stop-local-superlink":
         return _stop_local_superlinks(args.flwr_home)
@@ -277,6 +311,15 @@ def _command(args: argparse.Namespace) -> int:
         except ModelError as exc:
             raise ConfigError(str(exc)) from None
         print(f"wrote {args.out}: {rows} records")
+        return 0
+    if args.command == "report":
+        from fedapp.report.pages.run import rebuild_pages
+
+        try:
+            pages = rebuild_pages(args.out)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+        print("\n".join(f"wrote {path}" for path in pages))
         return 0
     if args.command == "datasets":
         infos = dataset_infos()
@@ -297,18 +340,25 @@ def _command(args: argparse.Namespace) -> int:
         print(tune_command(_resolved_run(args), overwrite=args.overwrite))
     elif args.command == "run":
         resources = ClientResources(args.cpus_per_client, args.gpus_per_client, args.ray_address)
+        check_tracker(args.track)
         run = _resolved_run(args)  # the run's configuration, resolved once
         if args.dry_run:
             cfg = validate(run, args.engine, resources, dry_run=True, overwrite=args.overwrite)
             print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
             return 0
-        summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)
+        try:
+            summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)
+        except RunError:
+            _track(args.track, RUN_EXPERIMENT, args.out.parent, [(args.out, args.out.name, {})])
+            raise
         print()
         print(format_metrics_table([summary]))
-        print(f"\nwrote {args.out / 'summary.json'}")
+        print(f"\nwrote {args.out / 'summary.json'} and {args.out / REPORT_FILE}")
+        _track(args.track, RUN_EXPERIMENT, args.out.parent, [(args.out, args.out.name, {})])
         print(status_line(summary), file=sys.stdout if exit_code(summary) == 0 else sys.stderr)
         return exit_code(summary)
     else:
+        check_tracker(args.track)
         experiment = load_experiment(args.file)
         if args.seeds:
             experiment = dataclasses.replace(experiment, seeds=list(args.seeds))
@@ -319,9 +369,22 @@ def _command(args: argparse.Namespace) -> int:
             count = check_experiment(experiment, out_root, engine=args.engine, only=only, **reuse)
             print(f"dry run: {count} run(s) of '{experiment.name}': configuration and data OK")
             return 0
-        run_experiment(experiment, out_root, engine=args.engine, only=only, **reuse)
+        tracked: list[tuple[Path, str, dict[str, str]]] = []
+        try:
+            run_experiment(
+                experiment,
+                out_root,
+                engine=args.engine,
+                only=only,
+                on_run=lambda label, seed, out: tracked.append(
+                    (out, f"{label} s{seed}", {"fedapp.seed": str(seed)})
+                ),
+                **reuse,
+            )
+        finally:  # the runs that finished are tracked even when a later one failed
+            _track(args.track, experiment.name, out_root.parent, tracked)
         print((out_root / "table.md").read_text())
-        print(f"wrote {out_root / 'table.md'}")
+        print(f"wrote {out_root / 'table.md'} and {out_root / TABLE_PAGE}")
     return 0
 
 

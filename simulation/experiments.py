@@ -1,4 +1,5 @@
-"""TOML experiment files: several runs x seeds -> per-run summaries + a markdown table (mean ± std).
+"""TOML experiment files: several runs x seeds -> per-run summaries + a table (mean ± std), in markdown and
+as a page (table.html) linking each run's report.
 
 File layout (see simulation/experiments/*.toml):
 
@@ -40,6 +41,9 @@ from fedapp.launch.outputs import describe, earlier_outputs
 from fedapp.launch.presets import apply_preset, load_preset
 from fedapp.launch.resolve import ResolvedRun, build_overrides, validate
 from fedapp.methods import METHODS, config_tables, method_spec
+from fedapp.report.pages.experiment import TABLE_PAGE, RowRuns, build_experiment_page
+from fedapp.report.pages.html import write_page
+from fedapp.report.pages.run import REPORT_FILE
 from simulation.runner import RunError, execute
 
 DEFAULT_METRICS = ("acc", "nmi", "ari", "purity", "kappa")
@@ -222,8 +226,10 @@ def run_experiment(
     only: set[str] | None = None,
     progress: Callable[[str], None] = print,
     overwrite: bool = False,
+    on_run: Callable[[str, int, Path], None] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Execute every run x seed; returns label -> list of summaries. Writes table.md and results.json.
+    """Execute every run x seed; returns label -> list of summaries. Writes table.md, table.html (the
+    table, each metric's spread over seeds, links to every run's report.html) and results.json.
 
     `resume`: a run x seed whose directory already holds a finished summary of the same configuration is
     reused, so a sweep of hour-long runs can be interrupted and restarted; any other run's directory is
@@ -231,7 +237,7 @@ def run_experiment(
     directory. Without either, run directories holding earlier outputs are refused before the first
     run. `only`: run these labels alone; with `resume` the table and results.json still list every other
     label whose runs are all finished for these seeds, so a sweep run a label at a time ends with one
-    whole table.
+    whole table. `on_run(label, seed, out_dir)` is called after every run this call ran (not reused).
     """
     if only and (unknown := sorted(only - {spec.label for spec in experiment.runs})):
         raise ExperimentError(f"--only {unknown[0]!r}: no run with that label in '{experiment.name}'")
@@ -250,6 +256,8 @@ def run_experiment(
             if summary is None:
                 clear = clears(run, resume=resume, overwrite=overwrite)
                 summary = execute(run, engine or experiment.engine, quiet=True, overwrite=clear)
+                if on_run is not None:
+                    on_run(spec.label, seed, out_dir)
             if summary.get("status") == "failed":
                 raise RunError(f"run '{spec.label}' seed {seed} failed: {summary.get('status_reason')}")
             results.setdefault(spec.label, []).append(summary)
@@ -261,7 +269,21 @@ def run_experiment(
     table = results_table(experiment, results)
     (out_root / "table.md").write_text(table + "\n")
     (out_root / "results.json").write_text(json.dumps(results, indent=2))
+    write_page(out_root / TABLE_PAGE, results_page(experiment, results, out_root))
     return results
+
+
+def results_page(experiment: Experiment, results: Mapping[str, list[dict[str, Any]]], out_root: Path) -> str:
+    """table.html: the table with each metric's per-seed spread and a link to every run's report.html."""
+    papers = {spec.label: spec.paper for spec in experiment.runs}
+    rows = []
+    for label, summaries in results.items():
+        runs = [
+            (summary, f"{run_dir(out_root, label, int(summary.get('seed', 0))).name}/{REPORT_FILE}")
+            for summary in summaries
+        ]
+        rows.append(RowRuns(label, papers.get(label, {}), runs))
+    return build_experiment_page(experiment.name, experiment.metrics, experiment.seeds, rows)
 
 
 def mean_std(values: list[float]) -> str:

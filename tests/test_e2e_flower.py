@@ -42,6 +42,9 @@ def test_flwr_simulation_runs_ffcm_rounds_and_writes_summary(tmp_path: Path) -> 
     rounds = json.loads((tmp_path / "rounds.json").read_text())
     assert [entry["round"] for entry in rounds] == [1, 2, 3]
     assert (tmp_path / "metrics.png").stat().st_size > 0
+    page = (tmp_path / "report.html").read_text()  # the page, with the wire bytes written after the loop
+    assert "On the wire, per message kind" in page and "ffcm on digits" in page
+    assert all((tmp_path / "nodes" / str(site) / "report.html").is_file() for site in range(3))
     # the in-process engine runs the same classes: identical metrics for the same seed
     apart = {**overrides, "out-dir": "", "node-out-dir": ""}  # its own folder and node folders
     same = execute(build_overrides(apart, tmp_path / "inprocess"), engine="inprocess")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedapp.config.run import ConfigError, parse_run_config
-from fedapp.launch.outputs import RUN_FILES, check_outputs, clear_outputs, earlier_outputs, node_assignments
+from fedapp.launch.outputs import RUN_FILES, check_outputs, clear_outputs, earlier_outputs, node_outputs
 from simulation.__main__ import main
 
 RUN = ["--method", "kfed", "--dataset", "digits", "--engine", "inprocess"]
@@ -86,7 +86,7 @@ def test_node_folders_elsewhere_are_found_by_their_partition_id(tmp_path: Path) 
     for name in ("site0", "site12", "siteX"):
         (tmp_path / name / "out").mkdir(parents=True)
         (tmp_path / name / "out" / "assignments.csv").write_text("id,cluster,score\n")
-    found = node_assignments(pattern)
+    found = node_outputs(pattern)
     assert [p.parent.parent.name for p in found] == ["site0", "site12"]
 
 

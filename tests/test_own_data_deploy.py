@@ -56,10 +56,17 @@ def test_each_supernode_reads_its_own_file_and_writes_its_assignments(
     result = _deploy(out, method, f"csv:{tmp_path}/site-{{partition-id}}.csv", "--set", "k=3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
+    every_id = {}
     for site in range(SITES):
         ids, _, _ = read_assignments(out / "nodes" / str(site) / "assignments.csv")
         assert ids == pd.read_csv(tmp_path / f"site-{site}.csv", dtype=str)["id"].tolist()
+        every_id[site] = ids
     assert (out / "model" / "model.json").is_file()
+    assert "On the wire, per message kind" in (out / "report.html").read_text()
+    for site in range(SITES):  # each SuperNode's own page: its records, none of another's
+        page = (out / "nodes" / str(site) / "report.html").read_text()
+        assert any(f">{i}<" in page for i in every_id[site])
+        assert not any(f">{i}<" in page for other in set(every_id) - {site} for i in every_id[other])
     free = summary["report"]["label_free"]
     assert free["calinski_harabasz"] > 0 and free["davies_bouldin"] > 0 and "acc" not in summary["metrics"]
     predicted = tmp_path / "predicted.csv"

@@ -15,6 +15,7 @@ from fedapp.app.secure_loop import run_secure
 from fedapp.app.server_loop import CountingGrid, FedappServer
 from fedapp.config.run import ConfigError, RunConfig, parse_run_config
 from fedapp.methods import load_class, method_spec
+from fedapp.report.pages.run import update_run_report
 from fedapp.report.records import PROGRESS_MARKER
 
 
@@ -70,4 +71,6 @@ def main(grid: Grid, context: Context) -> None:
         else:
             start_grid(grid=counting, server=components.server, config=components.config)
     finally:
-        counting.write(components.server.strategy.out_dir)  # type: ignore[attr-defined]
+        out_dir = components.server.strategy.out_dir  # type: ignore[attr-defined]
+        counting.write(out_dir)
+        update_run_report(out_dir)  # the page shows the wire bytes too

@@ -18,9 +18,12 @@ from fedapp.config.run import ConfigError, RunConfig
 from fedapp.datasets import PARTITION_PLACEHOLDER
 from fedapp.report.assignments import ASSIGNMENTS_FILE
 from fedapp.report.model_store import MODEL_DIR, MODEL_JSON, NPZ_FILE, SAFETENSORS_FILE
+from fedapp.report.pages.node import NODE_DATA, NODE_PAGE
+from fedapp.report.pages.run import REPORT_FILE
 
 # the run's own files in its folder: records, log, wire bytes (server_loop.WIRE_BYTES_FILE), CCFC's global
-# model (strategies.ccfc.MODEL_FILE), a loopback deployment's pids, k = 0's selection (simulation.tune)
+# model (strategies.ccfc.MODEL_FILE), a loopback deployment's pids, k = 0's selection (simulation.tune),
+# the run's page (fedapp.report.pages.run)
 # (tests/test_outputs.py keeps them in step)
 RUN_FILES = (
     "summary.json",
@@ -32,7 +35,9 @@ RUN_FILES = (
     "deploy-pids.json",
     "tune.json",
     "tune.png",
+    REPORT_FILE,
 )
+NODE_FILES = (ASSIGNMENTS_FILE, NODE_PAGE, NODE_DATA)  # what a node writes into its folder
 MODEL_FILES = (MODEL_JSON, NPZ_FILE, SAFETENSORS_FILE)
 CHECKPOINT_FILES = ("latest.json", "strategy-round-*.pkl", "client-*-round-*.recorddict")
 SHOWN = 3  # outputs named in the refusal; the rest are counted
@@ -40,25 +45,29 @@ SHOWN = 3  # outputs named in the refusal; the rest are counted
 
 def earlier_outputs(cfg: RunConfig) -> list[Path]:
     """The files of an earlier run that this run would write or lie beside: its folder's records and
-    model, every node folder's assignments (`node-out-dir`, any partition id) and its checkpoints."""
+    model, every node folder's assignments and page (`node-out-dir`, any partition id) and its
+    checkpoints."""
     out = Path(cfg.out_dir)
     found = [out / name for name in RUN_FILES] + [out / MODEL_DIR / name for name in MODEL_FILES]
-    found += node_assignments(cfg.node_out_dir)
+    found += node_outputs(cfg.node_out_dir)
     checkpoints = checkpoint_dir(cfg, out)
     found += [path for pattern in CHECKPOINT_FILES for path in sorted(checkpoints.glob(pattern))]
     return [path for path in found if path.is_file()]
 
 
-def node_assignments(node_out_dir: str) -> list[Path]:
-    """Every partition's assignments file under a `node-out-dir` that holds `{partition-id}`."""
+def node_outputs(node_out_dir: str) -> list[Path]:
+    """Every partition's files (NODE_FILES) under a `node-out-dir` that holds `{partition-id}`."""
     if not node_out_dir:
         return []
     parts = node_out_dir.split(PARTITION_PLACEHOLDER)
     if len(parts) == 1:
-        return [Path(node_out_dir) / ASSIGNMENTS_FILE]
+        return [Path(node_out_dir) / name for name in NODE_FILES]
     own = re.compile(r"\d+".join(re.escape(part) for part in parts))
-    pattern = "*".join(glob.escape(part) for part in parts) + f"/{ASSIGNMENTS_FILE}"
-    return sorted(Path(match) for match in glob.glob(pattern) if own.fullmatch(str(Path(match).parent)))
+    found = []
+    for name in NODE_FILES:
+        pattern = "*".join(glob.escape(part) for part in parts) + f"/{name}"
+        found += [Path(match) for match in glob.glob(pattern) if own.fullmatch(str(Path(match).parent))]
+    return sorted(found)
 
 
 def check_outputs(cfg: RunConfig, *, overwrite: bool) -> None:

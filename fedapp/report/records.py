@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedapp.report.pages.run import update_run_report
+
 METRIC_KEYS = ("acc", "nmi", "ari", "purity", "kappa")
 PROGRESS_MARKER = "[fedapp]"  # log lines the runners show on the terminal (the rest goes to the log file)
 
@@ -51,6 +53,8 @@ def mark_summary(
     if phase:
         summary["phase"] = phase
     write_json(path, summary)
+    if "config" in summary:  # the ServerApp wrote its summary: its page says how the run ended
+        update_run_report(Path(out_dir))
     return summary
 
 
@@ -111,13 +115,15 @@ def write_run_outputs(
     *,
     plot: bool = True,
 ) -> None:
-    """summary.json + rounds.json, and metrics.png (metric vs round) when `plot` (it takes ~0.3 s)."""
+    """summary.json + rounds.json; when `plot`, metrics.png (metric vs round; it takes ~0.3 s) and
+    report.html (the page a person opens, `fedapp.report.pages.run`), drawn from those files."""
     write_json(out_dir / "summary.json", dict(summary))
     write_json(out_dir / "rounds.json", list(history))
     if plot:
         plot_metrics(
             out_dir / "metrics.png", history, title=f"{summary.get('method')} on {summary.get('dataset')}"
         )
+        update_run_report(out_dir)
 
 
 def plot_metrics(path: Path, history: Sequence[Mapping[str, Any]], title: str = "") -> None:
