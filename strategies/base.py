@@ -187,6 +187,8 @@ class ClusteringStrategy(StrategyHooks, Strategy):
                 return []
             clients = self.roster.usable(client_manager, self.record)
             instructions = self.evaluation_instructions(server_round, parameters, clients)
+            if not instructions:  # nobody can score this model yet (e.g. gFedNTM before its vocabulary)
+                self.report_round(server_round)
             self.record.sent(server_round, "evaluate", instructions)
             return self.k_choice.stamp(instructions)
 
