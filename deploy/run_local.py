@@ -37,7 +37,7 @@ from deploy.run_containers import (  # noqa: E402
     site_files,
 )
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
-from fedapp.app.preflight import check_dependencies  # noqa: E402
+from fedapp.app.preflight import check_dependencies, check_out_dir  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
 from fedapp.launch.app_dir import flower_app_dir  # noqa: E402
 from fedapp.launch.options import ClientResources, merge_flags, parse_set_options, path_argument  # noqa: E402
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         run = build_overrides(apply_preset(args.preset, base), args.out)  # resolved once
         node_data = absolute_spec(args.node_data) if args.node_data else None
         if node_data is None:  # a shared dataset is checked here, as by `fedapp run`
-            validate(run, "flwr", ClientResources(), dry_run=args.dry_run, overwrite=args.overwrite)
+            validate(run, "flwr", ClientResources(), overwrite=args.overwrite)
         elif args.containers:  # the images, not this machine, must hold the method's extra
             container_run = ContainerRun(
                 node_data,
@@ -301,9 +301,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             site_files(node_data, run.config.num_clients)
             check_images(run.config.method, container_run)
             check_outputs(run.config, overwrite=args.overwrite)
+            check_out_dir(Path(run.config.out_dir))
         else:  # the nodes' own files are theirs to check (as on real machines); the output folder is ours
             check_dependencies(run.config.method)
             check_outputs(run.config, overwrite=args.overwrite)
+            check_out_dir(Path(run.config.out_dir))
         if args.dry_run:
             print(f"dry run: {run.config.method} on {run.config.num_clients} SuperNodes: configuration OK")
             return 0

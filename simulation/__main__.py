@@ -299,7 +299,7 @@ def _command(args: argparse.Namespace) -> int:
         resources = ClientResources(args.cpus_per_client, args.gpus_per_client, args.ray_address)
         run = _resolved_run(args)  # the run's configuration, resolved once
         if args.dry_run:
-            cfg = validate(run, args.engine, resources, dry_run=True, overwrite=args.overwrite)
+            cfg = validate(run, args.engine, resources, overwrite=args.overwrite)
             print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
             return 0
         summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)
