@@ -21,10 +21,10 @@ from fedapp.launch.options import (
     path_argument,
 )
 from fedapp.launch.presets import apply_preset
-from fedapp.launch.processes import Interrupted, interruptible, local_superlinks
+from fedapp.launch.processes import Interrupted, interruptible, local_superlinks, report_interrupt
 from fedapp.launch.resolve import ENGINES, ResolvedRun, build_overrides, validate
 from fedapp.methods import METHODS
-from fedapp.report.records import exit_code, format_metrics_table, mark_summary, status_line
+from fedapp.report.records import exit_code, format_metrics_table, status_line
 from simulation.experiments import ExperimentError, check_experiment, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.runner import RunError, execute
@@ -227,24 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         with interruptible():
             return _command(args)
     except Interrupted as exc:
-        _report_interrupt(exc, args.out if args.command == "run" else None)
-        return exc.exit_code
+        return report_interrupt(exc, args.out if args.command == "run" else None)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (ConfigError, DatasetError, ExperimentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-
-def _report_interrupt(exc: Interrupted, out: Path | None) -> None:
-    """Two lines on stderr: what the sweep verified about the run's processes, then the status, which
-    summary.json (written at the start, so it exists once anything started) says too."""
-    where = f" while {exc.phase}" if exc.phase else ""
-    print(f"{exc}{where}: {exc.stopped or 'it had started no other process'}", file=sys.stderr)
-    summary = mark_summary(out, "interrupted", str(exc), exc.phase) if out else None
-    fallback = {"status": "interrupted", "status_reason": f"{exc}{where}"}
-    print(status_line(summary or fallback), file=sys.stderr)
 
 
 def _resolved_run(args: argparse.Namespace) -> ResolvedRun:

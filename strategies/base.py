@@ -35,7 +35,7 @@ from flwr.server.strategy import Strategy
 
 from fedapp.app.checkpoint import checkpoint_dir, load_strategy, save_strategy
 from fedapp.config.run import RunConfig
-from fedapp.report.records import PROGRESS_MARKER, default_out_dir
+from fedapp.report.records import PROGRESS_MARKER, REPORT_PHASE, default_out_dir
 from fedapp.wire import ReplyError
 from strategies.failures import partition_file
 from strategies.hooks import StrategyHooks
@@ -302,6 +302,14 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         """The server loop may stop: the run broke off, or the method stopped and was evaluated."""
         return self.stopped or (self.finished and self._final_evaluated)
 
+    @property
+    def phase(self) -> str:
+        """Where a running run is, in summary.json: an entry point that is stopped names it, and its own
+        view (the console's progress lines) lags behind the rounds."""
+        if self.done or self.rounds_run >= self.total_rounds:
+            return REPORT_PHASE
+        return f"in round {self.rounds_run + 1}"
+
     def finalize(self, failure: str | None = None) -> None:
         """Decide the run's status (`records.run_status`) once and write the final outputs; the server
         loop calls it at the end of the run, with the exception that ended it as `failure`."""
@@ -341,8 +349,10 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             "metrics": self.final_metrics or {},
             "status": self.status,
             "status_reason": self.status_reason,
+            **({"phase": self.phase} if self.status == "running" else {}),
             "stop_reason": self.stop_reason,
             "num_rounds": self.cfg.num_rounds,
+            "evaluated_rounds": len(self.record.history),
             "excluded_clients": dict(sorted(self.roster.excluded.items())),
             "config": self.effective_config(),
             **self.record.summary(),

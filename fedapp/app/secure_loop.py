@@ -76,6 +76,7 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
             server.evaluate_round(server_round, config.round_timeout)
             strategy.round_done(server_round)
             if strategy.done:
+                log(INFO, "the strategy is done after round %d of %d", server_round, config.num_rounds)
                 break
         run_secure_report(grid, legacy, strategy.final_report, cfg, config.round_timeout)
     except BaseException as exc:
