@@ -184,3 +184,16 @@ def test_the_dry_run_refuses_an_output_folder_the_real_run_cannot_make(
     """/proc is a folder root may write to by its permissions, yet nothing can be made in it."""
     err = _refused_in_seconds(capsys, Path("/proc/fedapp-out"), "--method", "kfed", "--dataset", "digits")
     assert "output directory /proc/fedapp-out is not writable" in err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_tune_checks_its_output_folder_before_the_selection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fedapp tune --out` where nothing can be written ran the whole selection, then ended in a traceback."""
+    started = time.perf_counter()
+    argv = ["tune", "--method", "kfed", "--dataset", "digits", "--clients", "3", "--out", "/proc/fedapp-tune"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: output directory /proc/fedapp-tune is not writable: No such file or directory"
+    assert time.perf_counter() - started < 10
