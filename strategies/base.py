@@ -151,6 +151,9 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             # arrival order is not deterministic
             replies = sorted(valid, key=lambda reply: (reply.partition_id, reply.cid))
             consistent = self.consistent(server_round, replies) if replies else []
+            for dropped in sorted({reply.cid for reply in replies} - {reply.cid for reply in consistent}):
+                why = "it does not match the other clients' replies"
+                self.record.rejected(server_round, dropped, why, self.partition_of, self.data_file)
             if self.refuse_duplicate_partitions:
                 consistent, wait = self.roster.admit(server_round, consistent, self.record.failure_messages)
                 if wait:  # a refused duplicate left a partition missing: wait for it, not run without
@@ -227,7 +230,9 @@ class ClusteringStrategy(StrategyHooks, Strategy):
                 self.privacy.check(reply)
             self.check_reply(server_round, reply)
         except ReplyError as exc:
-            log(WARNING, "round %d: rejected reply from client %s: %s", server_round, client.cid, exc)
+            claimed = res.metrics.get("partition-id")  # unchecked, but the best name there is for it
+            record = self.record
+            record.rejected(server_round, client.cid, str(exc), self.partition_of, self.data_file, claimed)
             return None
         self.partition_of[client.cid] = reply.partition_id
         return reply
@@ -303,9 +308,9 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         return self.stopped or (self.finished and self._final_evaluated)
 
     @property
-    def phase(self) -> str:
-        """Where a running run is, in summary.json: an entry point that is stopped names it, and its own
-        view (the console's progress lines) lags behind the rounds."""
+    def where(self) -> str:
+        """Where a running run is (its `phase` in summary.json): an entry point that is stopped names it,
+        and its own view (the console's progress lines) lags behind the rounds."""
         if self.done or self.rounds_run >= self.total_rounds:
             return REPORT_PHASE
         return f"in round {self.rounds_run + 1}"
@@ -349,7 +354,7 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             "metrics": self.final_metrics or {},
             "status": self.status,
             "status_reason": self.status_reason,
-            **({"phase": self.phase} if self.status == "running" else {}),
+            **({"phase": self.where} if self.status == "running" else {}),
             "stop_reason": self.stop_reason,
             "num_rounds": self.cfg.num_rounds,
             "evaluated_rounds": len(self.record.history),

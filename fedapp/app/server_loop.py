@@ -337,7 +337,7 @@ def exchange(
             waited = time.monotonic() - started
             time.sleep(min(max(PULL_INTERVAL_FRACTION * waited, MIN_PULL_INTERVAL_S), MAX_PULL_INTERVAL_S))
     results: list[tuple[ClientProxy, FitRes | EvaluateRes]] = []
-    failures: list[BaseException] = [TimeoutError(f"no reply within {timeout} s") for _ in pending]
+    failures: list[BaseException] = [late(proxy_of[message_id].cid, timeout) for message_id in pending]
     for message_id, reply in replies.items():
         if reply.has_error():
             cid = proxy_of[message_id].cid
@@ -354,6 +354,11 @@ def exchange(
             cid = proxy_of[message_id].cid
             failures.append(RuntimeError(f"client {cid} status {res.status.code.name}: {res.status.message}"))
     return results, failures
+
+
+def late(cid: str, timeout: float | None) -> TimeoutError:
+    """The failure of a client that did not answer within the round's timeout, naming it."""
+    return TimeoutError(f"client {cid}: no reply within the round timeout ({timeout:g} s)")
 
 
 # ------------------------------------------------------------------------------------------- wire bytes
