@@ -231,8 +231,9 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             self.check_reply(server_round, reply)
         except ReplyError as exc:
             claimed = res.metrics.get("partition-id")  # unchecked, but the best name there is for it
-            record = self.record
-            record.rejected(server_round, client.cid, str(exc), self.partition_of, self.data_file, claimed)
+            self.record.rejected(
+                server_round, client.cid, str(exc), self.partition_of, self.data_file, claimed
+            )
             return None
         self.partition_of[client.cid] = reply.partition_id
         return reply

@@ -117,3 +117,42 @@ def test_injected_faults_in_a_loopback_deployment(tmp_path: Path, monkeypatch: p
         "partition-id 2: InjectedFaultError: injected fault raise-fit"
     )
     assert summary["evaluation_failures"][0].startswith("partition-id 0: InjectedFaultError")
+
+
+def test_a_message_the_superlink_let_expire_is_a_late_reply_naming_its_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a deployment a reply after the round timeout never comes: the SuperLink answers for the node
+    that its message expired (its TTL is the round timeout), which read as Flower's "Message Unavailable"."""
+    from types import SimpleNamespace
+
+    from flwr.common import FitIns, ndarrays_to_parameters
+    from flwr.common.constant import ErrorCode
+    from flwr.server.compat.grid_client_proxy import GridClientProxy
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedapp.app.server_loop import exchange
+
+    for field in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, field, 1)
+
+    class ExpiringGrid:
+        def push_messages(self, messages: list[Any]) -> list[str]:
+            return [f"message-{i}" for i, _ in enumerate(messages)]
+
+        def pull_messages(self, ids: list[str]) -> list[Any]:
+            error = SimpleNamespace(code=ErrorCode.MESSAGE_UNAVAILABLE, reason="Error: Message Unavailable")
+            return [
+                SimpleNamespace(
+                    metadata=SimpleNamespace(reply_to_message_id=i), has_error=lambda: True, error=error
+                )
+                for i in ids
+            ]
+
+    proxy = GridClientProxy(7, ExpiringGrid(), 1)  # type: ignore[arg-type]
+    results, failures = exchange([(proxy, FitIns(ndarrays_to_parameters([]), {}))], 2, 3.0)
+    assert results == [] and len(failures) == 1
+    assert (
+        str(failures[0])
+        == "client 7: no reply within the round timeout (3 s); the SuperLink let its message expire"
+    )
