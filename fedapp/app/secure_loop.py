@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import timeit
 from collections.abc import Callable
+from logging import INFO
 from typing import Any
 
 import flwr.compat.common.recorddict_compat as compat
-from flwr.common import ConfigRecord, Context, FitIns, FitRes, Parameters
+from flwr.common import ConfigRecord, Context, FitIns, FitRes, Parameters, log
 from flwr.server import Server, ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
