@@ -9,8 +9,8 @@ Each cell is one small run (the sizes of the dropout bar, `simulation.bench.reli
 client of partition id 1 commits the fault in one round (the method's first round with its payload) and
 the others behave. What a cell must show: the run went on with the others, ended `degraded` (exit code
 3), and its status reason names partition-id 1 and the cause. A `late` run waits for its round timeout
-(`--timeout`, the other runs keep the default). `--write` replaces the engine's table between its markers
-in the file; without it the table is printed.
+(`--timeout`, the other runs keep the default). A deployment runs 3 SuperNodes and at most 3 rounds.
+`--write` replaces the engine's table between its markers in the file; without it the table is printed.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ RUNS: dict[str, dict[str, Any]] = {
     "fsbert-kfed": {"dataset": "texts-demo", "num-clients": 4},
 }
 FIRST_ROUND = ("kfed", "fsbert-kfed")  # one-shot: their only round carries the payload
+# a deployment starts a process for every message: 3 SuperNodes and at most 3 rounds keep a cell in minutes
+DEPLOY_SIZE = {"num-clients": 3, "num-rounds": 3}
 FAULTY = 1  # the partition id that misbehaves (in a vertical evaluation: 0, the only one evaluating)
 # what the status reason must say for each fault, beside "partition-id 1"
 CAUSES = {
@@ -70,6 +72,9 @@ def run_cell(method: str, fault: str, engine: str, out: Path, timeout: float) ->
     """One run with the fault injected: its status, exit code, reason, and whether the reason names the
     client and the cause."""
     keys = {"method": method, "seed": 0, "eval-every": 1, **RUNS[method]}
+    if engine == "deploy" and not method_spec(method).vertical:  # vertical: one SuperNode per view
+        keys["num-clients"] = DEPLOY_SIZE["num-clients"]
+        keys["num-rounds"] = min(int(keys.get("num-rounds", 1)), DEPLOY_SIZE["num-rounds"])
     if fault == "late":
         keys["round-timeout"] = timeout
     faulty, os.environ[FAULTS_ENV] = planned(method, fault)
