@@ -37,13 +37,14 @@ from deploy.run_containers import (  # noqa: E402
     site_files,
 )
 from deploy.secure import make_certificates, make_node_keys  # noqa: E402
-from fedapp.app.preflight import check_dependencies  # noqa: E402
+from fedapp.app.preflight import check_dependencies, check_out_dir  # noqa: E402
 from fedapp.datasets import PARTITION_PLACEHOLDER, has_placeholder  # noqa: E402
 from fedapp.launch.app_dir import flower_app_dir  # noqa: E402
 from fedapp.launch.options import ClientResources, merge_flags, parse_set_options, path_argument  # noqa: E402
 from fedapp.launch.outputs import check_outputs, clear_outputs  # noqa: E402
 from fedapp.launch.presets import apply_preset  # noqa: E402
 from fedapp.launch.processes import (  # noqa: E402
+    REPORT_GRACE_S,
     RUN_TOKEN_ENV,
     Interrupted,
     ProcessError,
@@ -51,6 +52,7 @@ from fedapp.launch.processes import (  # noqa: E402
     flower_env,
     free_port,
     interruptible,
+    report_interrupt,
     run_filtered,
     start_logged,
     wait_for_health,
@@ -58,7 +60,7 @@ from fedapp.launch.processes import (  # noqa: E402
 from fedapp.launch.resolve import absolute_spec, build_overrides, validate  # noqa: E402
 from fedapp.launch.sweep import stop_run  # noqa: E402
 from fedapp.launch.watchdog import start_watchdog, stop_watchdog  # noqa: E402
-from fedapp.report.records import exit_code, mark_summary, status_line  # noqa: E402
+from fedapp.report.records import await_report, exit_code, mark_summary, status_line  # noqa: E402
 
 START_TIMEOUT_S = 60
 DEFAULTS = {"method": "kfed", "dataset": "digits", "num-clients": 3, "num-rounds": 2, "seed": 0}
@@ -190,7 +192,11 @@ def deploy(
         command += ["--run-config", str(run_config)]
         log_path = Path(overrides["out-dir"]) / "flower.log"
         print(f"flwr run (full log: {log_path})", flush=True)
-        code = run_filtered(command, env, log_path, quiet=False, cwd=app_dir, started=started)
+        try:
+            code = run_filtered(command, env, log_path, quiet=False, cwd=app_dir, started=started)
+        except Interrupted:  # in the final report, the run has run through: let it keep its outputs
+            await_report(out_dir, REPORT_GRACE_S)
+            raise
         if code != 0 and superlink.poll() is not None:  # it died on its own, mid-run
             lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
         for index in range(num_clients, len(names)):
@@ -289,7 +295,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         run = build_overrides(apply_preset(args.preset, base), args.out)  # resolved once
         node_data = absolute_spec(args.node_data) if args.node_data else None
         if node_data is None:  # a shared dataset is checked here, as by `fedapp run`
-            validate(run, "flwr", ClientResources(), dry_run=args.dry_run, overwrite=args.overwrite)
+            validate(run, "flwr", ClientResources(), overwrite=args.overwrite)
         elif args.containers:  # the images, not this machine, must hold the method's extra
             container_run = ContainerRun(
                 node_data,
@@ -301,9 +307,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             site_files(node_data, run.config.num_clients)
             check_images(run.config.method, container_run)
             check_outputs(run.config, overwrite=args.overwrite)
+            check_out_dir(Path(run.config.out_dir))
         else:  # the nodes' own files are theirs to check (as on real machines); the output folder is ours
             check_dependencies(run.config.method)
             check_outputs(run.config, overwrite=args.overwrite)
+            check_out_dir(Path(run.config.out_dir))
         if args.dry_run:
             print(f"dry run: {run.config.method} on {run.config.num_clients} SuperNodes: configuration OK")
             return 0
@@ -322,13 +330,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 else:
                     code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)
         except Interrupted as exc:
-            print(f"{exc}: {exc.stopped or 'no process of the deployment had started'}", file=sys.stderr)
-            summary = mark_summary(args.out, "interrupted", str(exc)) or {
-                "status": "interrupted",
-                "status_reason": str(exc),
-            }
-            print(status_line(summary), file=sys.stderr)
-            return exc.exit_code
+            exc.stopped = exc.stopped or "no process of the deployment had started"
+            return report_interrupt(exc, args.out)
         except ProcessError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -21,12 +21,12 @@ from fedapp.launch.options import (
     path_argument,
 )
 from fedapp.launch.presets import apply_preset
-from fedapp.launch.processes import Interrupted, interruptible, local_superlinks
+from fedapp.launch.processes import Interrupted, interruptible, local_superlinks, report_interrupt
 from fedapp.launch.resolve import ENGINES, ResolvedRun, build_overrides, validate
 from fedapp.methods import METHODS
 from fedapp.report.pages.experiment import TABLE_PAGE
 from fedapp.report.pages.run import REPORT_FILE
-from fedapp.report.records import exit_code, format_metrics_table, mark_summary, status_line
+from fedapp.report.records import exit_code, format_metrics_table, status_line
 from simulation.experiments import ExperimentError, check_experiment, load_experiment, run_experiment
 from simulation.listing import dataset_markdown, describe_methods, format_dataset_table, render_config_toml
 from simulation.runner import RunError, execute
@@ -246,24 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         with interruptible():
             return _command(args)
     except Interrupted as exc:
-        _report_interrupt(exc, args.out if args.command == "run" else None)
-        return exc.exit_code
+        return report_interrupt(exc, args.out if args.command == "run" else None)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (ConfigError, DatasetError, ExperimentError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-
-def _report_interrupt(exc: Interrupted, out: Path | None) -> None:
-    """Two lines on stderr: what the sweep verified about the run's processes, then the status, which
-    summary.json (written at the start, so it exists once anything started) says too."""
-    where = f" while {exc.phase}" if exc.phase else ""
-    print(f"{exc}{where}: {exc.stopped or 'it had started no other process'}", file=sys.stderr)
-    summary = mark_summary(out, "interrupted", str(exc), exc.phase) if out else None
-    fallback = {"status": "interrupted", "status_reason": f"{exc}{where}"}
-    print(status_line(summary or fallback), file=sys.stderr)
 
 
 def _resolved_run(args: argparse.Namespace) -> ResolvedRun:
@@ -343,7 +332,7 @@ def _command(args: argparse.Namespace) -> int:
         check_tracker(args.track)
         run = _resolved_run(args)  # the run's configuration, resolved once
         if args.dry_run:
-            cfg = validate(run, args.engine, resources, dry_run=True, overwrite=args.overwrite)
+            cfg = validate(run, args.engine, resources, overwrite=args.overwrite)
             print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
             return 0
         try:

@@ -7,6 +7,10 @@ site's k local k-means centres and sizes in the space the methods cluster in (se
 texts, the features for vectors), the global centres from their union, then each site's share over them
 against the federation's. This runs on the machine that holds the sites' files (a simulation, or one
 site's administrator with a sample of each); a deployed FSTC run reports the same number in summary.json.
+
+An advisory command writes nothing: the embeddings of a user's own texts stay in memory (`embedding-cache
+= off` unless `--set embedding-cache=DIR` names a place); registered benchmark sets, whose texts are
+public, use the user cache a run would.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 
 from fedapp.config.run import RunConfig, parse_run_config
 from fedapp.datasets import has_placeholder
-from fedapp.datasets.local import load_run_dataset, local_view
+from fedapp.datasets.local import load_run_dataset, local_view, owns_file
 from fedapp.datasets.registry import dataset_info
 from fedapp.datasets.sources import Columns
 from fedapp.maths.fstc import SITE_SKEW_WARNING, initial_centres, site_skew
@@ -39,10 +43,12 @@ class Advice:
     applicable: tuple[str, ...]
     favoured: list[tuple[str, str]]  # (method, why with its evidence)
     k_used: str = ""  # the k the skew was measured at, and where it came from
+    no_skew: str = ""  # why the skew was not measured
 
     def render(self) -> str:
         lines = [
-            f"data: {self.kind}, {self.sites} sites, {sum(self.records)} records ({self.records} per site)"
+            f"data: {self.kind}, {self.sites} site{'s' * (self.sites != 1)}, {sum(self.records)} records "
+            f"({self.records} per site)"
         ]
         if self.skew is not None:
             mean = float(np.mean(self.skew))
@@ -51,6 +57,8 @@ class Advice:
             lines.append(f"site skew: mean {mean:.2f} ({per_site}); {shape} (threshold {SITE_SKEW_WARNING})")
             if self.k_used:
                 lines.append(f"site skew measured at {self.k_used}")
+        elif self.no_skew:
+            lines.append(f"site skew: not measured ({self.no_skew})")
         lines.append(f"methods for {self.kind}: {', '.join(self.applicable)}")
         for method, why in self.favoured:
             lines += textwrap.wrap(f"favoured: {method} — {why}", 110, subsequent_indent="    ")
@@ -103,9 +111,14 @@ def advise(dataset: str, overrides: dict[str, Any]) -> Advice:
     # a method that reads this kind, so every site's data loads as that run would read it
     reader = "fsbert-kfed" if kind == "texts" else "cefmc" if kind == "multiview" else "kfed"
     cfg = parse_run_config({"method": reader, **keys})
-    if kind == "multiview" or cfg.num_clients < 2:  # vertical parties hold the same records: no skew
+    if cfg.own_data and "embedding-cache" not in overrides:  # nothing derived from their records on disk
+        cfg = cfg.with_keys({"embedding-cache": "off"})
+    skew, k_used, no_skew = None, "", ""
+    if kind == "multiview":  # vertical parties hold the same records: no skew
         sites = [local_view(cfg, site, cfg.num_clients) for site in range(cfg.num_clients)]
-        records, skew, k_used = [site.n_samples for site in sites], None, ""
+        records, no_skew = [site.n_samples for site in sites], "the parties hold the same records"
+    elif cfg.num_clients < 2:  # one site: nothing to compare it with
+        records, no_skew = [load_run_dataset(cfg, 0 if owns_file(cfg) else None).n_samples], "one site"
     else:
         first = load_run_dataset(cfg, 0 if has_placeholder(cfg.dataset) else None)
         sites, rows = client_rows(cfg)
@@ -121,4 +134,6 @@ def advise(dataset: str, overrides: dict[str, Any]) -> Advice:
             k_used = f"k = {k} (chosen without labels as a k = 0 run would, {verdict})"
         skew = measure_skew(cfg, k, rows)
     mean = None if skew is None else float(np.mean(skew))
-    return Advice(kind, len(records), records, skew, methods_for_kind(kind), favoured(kind, mean), k_used)
+    return Advice(
+        kind, len(records), records, skew, methods_for_kind(kind), favoured(kind, mean), k_used, no_skew
+    )

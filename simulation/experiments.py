@@ -204,13 +204,7 @@ def check_experiment(
             _, run = seed_run(spec, seed, out_root)
             try:
                 clear = clears(run, resume=resume, overwrite=overwrite)
-                validate(
-                    run,
-                    engine or experiment.engine,
-                    ClientResources(),
-                    dry_run=True,
-                    overwrite=clear,
-                )
+                validate(run, engine or experiment.engine, ClientResources(), overwrite=clear)
             except ValueError as exc:
                 raise ExperimentError(f"run '{spec.label}' seed {seed}: {exc}") from None
             count += 1

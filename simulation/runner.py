@@ -26,6 +26,7 @@ from fedapp.launch.options import ClientResources
 from fedapp.launch.outputs import clear_outputs
 from fedapp.launch.phase import PHASE_FILE, RunPhase
 from fedapp.launch.processes import (
+    REPORT_GRACE_S,
     RUN_TOKEN_ENV,
     Interrupted,
     ProcessError,
@@ -41,7 +42,7 @@ from fedapp.launch.resolve import ResolvedRun, validate
 from fedapp.launch.sweep import StopReport, stop_run
 from fedapp.launch.watchdog import start_watchdog, stop_watchdog
 from fedapp.methods import method_spec
-from fedapp.report.records import mark_summary, start_summary
+from fedapp.report.records import await_report, mark_summary, start_summary
 
 SUPERLINK_START_TIMEOUT_S = 60
 LOG_NAME = "flower.log"  # everything Flower prints goes here; the terminal gets one line per round
@@ -243,9 +244,13 @@ def _run_flwr(
                 "--run-config",
                 str(run_config),
             ]
-            returncode = run_filtered(
-                command, env, log_path, quiet=quiet, cwd=app_dir, started=started, on_line=phase.see
-            )
+            try:
+                returncode = run_filtered(
+                    command, env, log_path, quiet=quiet, cwd=app_dir, started=started, on_line=phase.see
+                )
+            except Interrupted:  # in the final report, the run has run through: let it keep its outputs
+                await_report(log_path.parent, REPORT_GRACE_S)
+                raise
             if returncode != 0 and superlink.poll() is not None:  # it died on its own, mid-run
                 lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
         if returncode != 0 and not lost:

@@ -25,8 +25,9 @@ import numpy as np
 
 from fedapp.app.floor_rules import run_floor
 from fedapp.app.k_selection import selection_rows, selection_space, views_outcome
-from fedapp.config.run import ConfigError, RunConfig
+from fedapp.config.run import RunConfig
 from fedapp.datasets.local import LocalData, local_partition, local_view, own_file, owns_file
+from fedapp.launch.outputs import check_selection_outputs
 from fedapp.launch.resolve import ResolvedRun
 from fedapp.maths.selection import KSearch, candidate_statistics, local_summary, merge_statistics, select_k
 from fedapp.methods import method_spec
@@ -114,9 +115,7 @@ def tune_command(run: ResolvedRun, *, overwrite: bool = False) -> str:
     """`fedapp tune`: the selection over the run's clients, its files in --out; returns what to print.
     An earlier tune.json / tune.png in --out is refused unless `overwrite`."""
     out_dir = Path(run.config.out_dir)
-    earlier = [out_dir / name for name in (TUNE_JSON, TUNE_PNG) if (out_dir / name).exists()]
-    if earlier and not overwrite:
-        raise ConfigError(f"{out_dir} holds an earlier {earlier[0].name}: pass --overwrite or another --out")
+    check_selection_outputs(out_dir, overwrite=overwrite)  # before the work, as `fedapp run` does
     tuned = tune(run.config)
     write_selection(out_dir, tuned.to_json())
     cost = tuned.cost

@@ -35,7 +35,7 @@ from flwr.server.strategy import Strategy
 
 from fedapp.app.checkpoint import checkpoint_dir, load_strategy, save_strategy
 from fedapp.config.run import RunConfig
-from fedapp.report.records import PROGRESS_MARKER, default_out_dir
+from fedapp.report.records import PROGRESS_MARKER, REPORT_PHASE, default_out_dir
 from fedapp.wire import ReplyError
 from strategies.failures import partition_file
 from strategies.hooks import StrategyHooks
@@ -151,6 +151,9 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             # arrival order is not deterministic
             replies = sorted(valid, key=lambda reply: (reply.partition_id, reply.cid))
             consistent = self.consistent(server_round, replies) if replies else []
+            for dropped in sorted({reply.cid for reply in replies} - {reply.cid for reply in consistent}):
+                why = "it does not match the other clients' replies"
+                self.record.rejected(server_round, dropped, why, self.partition_of, self.data_file)
             if self.refuse_duplicate_partitions:
                 consistent, wait = self.roster.admit(server_round, consistent, self.record.failure_messages)
                 if wait:  # a refused duplicate left a partition missing: wait for it, not run without
@@ -187,6 +190,8 @@ class ClusteringStrategy(StrategyHooks, Strategy):
                 return []
             clients = self.roster.usable(client_manager, self.record)
             instructions = self.evaluation_instructions(server_round, parameters, clients)
+            if not instructions:  # nobody can score this model yet (e.g. gFedNTM before its vocabulary)
+                self.report_round(server_round)
             self.record.sent(server_round, "evaluate", instructions)
             return self.k_choice.stamp(instructions)
 
@@ -225,7 +230,10 @@ class ClusteringStrategy(StrategyHooks, Strategy):
                 self.privacy.check(reply)
             self.check_reply(server_round, reply)
         except ReplyError as exc:
-            log(WARNING, "round %d: rejected reply from client %s: %s", server_round, client.cid, exc)
+            claimed = res.metrics.get("partition-id")  # unchecked, but the best name there is for it
+            self.record.rejected(
+                server_round, client.cid, str(exc), self.partition_of, self.data_file, claimed
+            )
             return None
         self.partition_of[client.cid] = reply.partition_id
         return reply
@@ -300,6 +308,14 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         """The server loop may stop: the run broke off, or the method stopped and was evaluated."""
         return self.stopped or (self.finished and self._final_evaluated)
 
+    @property
+    def where(self) -> str:
+        """Where a running run is (its `phase` in summary.json): an entry point that is stopped names it,
+        and its own view (the console's progress lines) lags behind the rounds."""
+        if self.done or self.rounds_run >= self.total_rounds:
+            return REPORT_PHASE
+        return f"in round {self.rounds_run + 1}"
+
     def finalize(self, failure: str | None = None) -> None:
         """Decide the run's status (`records.run_status`) once and write the final outputs; the server
         loop calls it at the end of the run, with the exception that ended it as `failure`."""
@@ -339,8 +355,10 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             "metrics": self.final_metrics or {},
             "status": self.status,
             "status_reason": self.status_reason,
+            **({"phase": self.where} if self.status == "running" else {}),
             "stop_reason": self.stop_reason,
             "num_rounds": self.cfg.num_rounds,
+            "evaluated_rounds": len(self.record.history),
             "excluded_clients": dict(sorted(self.roster.excluded.items())),
             "config": self.effective_config(),
             **self.record.summary(),

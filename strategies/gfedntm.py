@@ -522,6 +522,11 @@ class GFedNTMStrategy(ClusteringStrategy):
     def should_evaluate(self, server_round: int) -> bool:
         return self.training and super().should_evaluate(server_round)
 
+    def evaluation_clients(self, clients: list[ClientProxy]) -> list[ClientProxy]:
+        """The clients that hold the vocabulary (it comes with their first training step): right after the
+        consensus round nobody can count words yet, which is nothing to evaluate, not a failure."""
+        return [client for client in clients if client.cid in self.has_vocabulary]
+
     def evaluation_instructions(
         self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
@@ -532,7 +537,7 @@ class GFedNTMStrategy(ClusteringStrategy):
         ins = EvaluateIns(
             ndarrays_to_parameters([top]), {"server-round": server_round, "phase": PHASE_COOCCURRENCE}
         )
-        return [(client, ins) for client in clients]
+        return [(client, ins) for client in self.evaluation_clients(clients)]
 
     def evaluation_metrics(
         self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]]

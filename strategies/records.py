@@ -40,6 +40,8 @@ class RunRecord:
         self.lost_rounds: list[int] = []  # fit rounds that changed nothing
         self.failure_messages: list[str] = []  # the clients' own words, in the order they came
         self.ray_nodes: dict[str, set[int]] = {}  # Ray simulation: node id -> the partitions it ran fits of
+        self.rejections: list[str] = []  # fit replies refused, each naming its client and why
+        self.evaluation_failures: list[str] = []  # evaluations that failed, in the clients' words
         self.round_started: dict[int, float] = {}  # rounds in which clients were asked to fit
         self.started = time.perf_counter()
         self._reported: set[int] = set()
@@ -127,10 +129,27 @@ class RunRecord:
         own cause: `strategies.failures`), and keep a fit round's; the full text is in flower.log."""
         for failure in failures:
             line = failure_line(describe_failure(failure), partition_of, file_of)
-            if stage == "fit":
-                self.failure_messages.append(line)
+            (self.failure_messages if stage == "fit" else self.evaluation_failures).append(line)
             kind = "client" if stage == "fit" else "evaluation"
             log(WARNING, "%s %s failure in round %d: %s", PROGRESS_MARKER, kind, server_round, line)
+
+    def rejected(
+        self,
+        server_round: int,
+        cid: str,
+        why: str,
+        partition_of: Mapping[str, int],
+        file_of: Callable[[int], str | None] | None = None,
+        claimed: object = None,
+    ) -> None:
+        """A fit reply that failed validation, on the console and kept, naming its client: the partition
+        id learnt from its earlier valid replies, else its node id and the partition id it `claimed` in
+        this reply (unchecked: a client may claim another's)."""
+        line = failure_line(f"client {cid}: reply rejected: {why}", partition_of, file_of)
+        if cid not in partition_of and isinstance(claimed, int) and not isinstance(claimed, bool):
+            line = line.replace("(partition-id unknown)", f"(claims partition-id {claimed})", 1)
+        self.rejections.append(line)
+        log(WARNING, "%s rejected reply in round %d: %s", PROGRESS_MARKER, server_round, line)
 
     def outcome(self, server_round: int, accepted: list[str], rejected: list[str], failed: list[str]) -> None:
         self.participation.setdefault(server_round, {}).update(
@@ -186,6 +205,11 @@ class RunRecord:
                 problems.append(f"{missed} client-rounds {words}")
         if self.failure_messages:  # why, in the clients' own words (a node's bad file names itself)
             problems.append("first client error: " + self.failure_messages[0][:300])
+        if self.rejections:
+            problems.append("first rejected reply: " + self.rejections[0][:300])
+        if self.evaluation_failures:
+            first = self.evaluation_failures[0][:300]
+            problems.append(f"{len(self.evaluation_failures)} client evaluation(s) failed; first: {first}")
         for stage, cids in report_problems.items():
             problems.append(
                 f"{len(cids)} client(s) missing from the final report ({stage}): {', '.join(cids)}"
@@ -212,6 +236,8 @@ class RunRecord:
             "comm_bytes": self.ledger.summary(),
             "wall_seconds": self.elapsed,
             "failure_messages": self.failure_messages,
+            "rejections": self.rejections,
+            "evaluation_failures": self.evaluation_failures,
             "participation": {str(r): taken for r, taken in sorted(self.participation.items())},
             "timing": {str(r): seconds for r, seconds in sorted(self.timing.items())},
             **(
@@ -240,6 +266,8 @@ class RunRecord:
             "lost_rounds": self.lost_rounds,
             "failure_messages": self.failure_messages,
             "ray_nodes": {node: sorted(ids) for node, ids in self.ray_nodes.items()},
+            "rejections": self.rejections,
+            "evaluation_failures": self.evaluation_failures,
             "elapsed": self.elapsed,
         }
 
@@ -249,6 +277,8 @@ class RunRecord:
         self.timing, self.lost_rounds = state["timing"], state["lost_rounds"]
         self.failure_messages = state["failure_messages"]
         self.ray_nodes = {node: set(ids) for node, ids in state.get("ray_nodes", {}).items()}
+        self.rejections = state.get("rejections", [])  # checkpoints from before they were kept: none
+        self.evaluation_failures = state.get("evaluation_failures", [])
         self.started = time.perf_counter() - state["elapsed"]
 
 

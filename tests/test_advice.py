@@ -3,8 +3,13 @@ own measure) which one the tables favour; label-skewed sites read as skewed, IID
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
+from fedapp.datasets import load_dataset
+from fedapp.features.embeddings import CACHE_DIR_ENV
 from fedapp.maths.fstc import SITE_SKEW_WARNING
 from simulation.__main__ import main
 from simulation.advice import advise
@@ -37,3 +42,24 @@ def test_the_command_prints_the_advice(capsys: pytest.CaptureFixture[str]) -> No
     )
     out = capsys.readouterr().out
     assert "data: images, 3 sites" in out and "sites hold different clusters" in out
+
+
+def test_advice_on_own_texts_writes_nothing_and_one_site_is_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An advisory command on a user's own texts leaves no embeddings (derived from their records) in the
+    working directory or anywhere else; one site is a horizontal question with no skew to measure."""
+    texts = load_dataset("texts-demo").texts
+    assert texts is not None
+    site = tmp_path / "site.csv"
+    pd.DataFrame({"id": [f"r{i}" for i in range(60)], "text": texts[:60]}).to_csv(site, index=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "user-cache"))  # nor in the user cache
+    one = advise(f"csv:{site}", {"num-clients": 1})
+    assert one.records == [60] and one.skew is None
+    assert "1 site, 60 records" in one.render() and "site skew: not measured (one site)" in one.render()
+    two = advise(f"csv:{site}", {"num-clients": 2})
+    assert two.records == [30, 30] and two.skew is not None and len(two.skew) == 2
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["site.csv", "work"]

@@ -106,7 +106,7 @@ def _refused_in_seconds(capsys: pytest.CaptureFixture[str], out: Path, *args: st
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1, err
         assert time.perf_counter() - started < 30
-        assert not (out / "summary.json").exists()
+        assert not out.exists()  # not even an empty folder
         lines.append(err)
     assert lines[0] == lines[1]
     return lines[0]
@@ -145,3 +145,55 @@ def test_vertical_files_with_disjoint_ids_are_refused(
     args = f"--method fedcmv --dataset {spec} --clients 3 --set k=3 --set id-column=pid".split()
     err = _refused_in_seconds(capsys, tmp_path / "out", *args)
     assert "share only 0 record ids (party 0: 20 ids, party 1: 20 ids, party 2: 20 ids)" in err
+
+
+def test_k_min_beyond_the_local_centres_names_k_min(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """k = 0 on unlabelled files tries k-min first: the refusal names the key to change."""
+    rng = np.random.default_rng(0)
+    for site in range(3):
+        frame = pd.DataFrame(rng.normal(size=(30, 3)), columns=["a", "b", "c"])
+        frame.to_csv(tmp_path / f"site-{site}.csv", index=False)
+    spec = f"csv:{tmp_path}/site-{{partition-id}}.csv"
+    args = f"--method kfed --dataset {spec} --clients 3 --set k-min=20 --set k-max=25".split()
+    err = _refused_in_seconds(capsys, tmp_path / "out", *args)
+    assert err.startswith("error: k-min=20 clusters but the 3 kfed clients can send only 18 local centres")
+    assert err.endswith("lower k-min, or use fewer, larger clients")
+    err = _refused_in_seconds(capsys, tmp_path / "out", *args[:-4], "--set", "k-min=31", "--set", "k-max=35")
+    assert "holds 30 records, fewer than k-min=31 clusters: lower k-min" in err
+
+
+def test_a_refused_run_keeps_a_folder_the_user_had_and_leaves_none_it_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--method", "kfed", "--dataset", "digits", "--clients", "3", "--set", "k=500"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    for out in (mine, tmp_path / "new" / "deeper"):
+        assert main(["run", "--engine", "inprocess", "--out", str(out), *args]) == 2
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["mine", "notes.txt"]
+    capsys.readouterr()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_the_dry_run_refuses_an_output_folder_the_real_run_cannot_make(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """/proc is a folder root may write to by its permissions, yet nothing can be made in it."""
+    err = _refused_in_seconds(capsys, Path("/proc/fedapp-out"), "--method", "kfed", "--dataset", "digits")
+    assert "output directory /proc/fedapp-out is not writable" in err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_tune_checks_its_output_folder_before_the_selection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fedapp tune --out` where nothing can be written ran the whole selection, then ended in a traceback."""
+    started = time.perf_counter()
+    argv = ["tune", "--method", "kfed", "--dataset", "digits", "--clients", "3", "--out", "/proc/fedapp-tune"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: output directory /proc/fedapp-tune is not writable: No such file or directory"
+    assert time.perf_counter() - started < 10

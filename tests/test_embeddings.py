@@ -595,3 +595,14 @@ def test_a_folder_that_is_no_model_is_one_clear_line(tmp_path: Path) -> None:
     with pytest.raises(EmbeddingError, match=f"cannot load sentence model from {tmp_path}") as error:
         load_sentence_model(str(tmp_path), "cpu")
     assert "\n" not in str(error.value)
+
+
+def test_loading_the_model_draws_no_library_progress_bar(capfd: pytest.CaptureFixture[str]) -> None:
+    """transformers' "Loading weights" bar came on every load (three per run on three sites): the console
+    and the logs carry fedapp's own lines only."""
+    from transformers.utils import logging as transformers_logging
+
+    load_sentence_model()
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert transformers_logging.is_progress_bar_enabled()  # restored for whoever else uses transformers

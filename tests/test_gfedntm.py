@@ -308,3 +308,18 @@ def test_bow_counts_survive_subsampling() -> None:
     small = load_dataset("synthetic-lda-tiny", seed=2, max_samples=100)
     assert isinstance(small.counts, scipy.sparse.csr_matrix) and small.counts.shape == (100, 300)
     assert np.bincount(small.y).tolist() == [20] * 5 and full.kind == "bow"
+
+
+def test_the_round_before_any_client_holds_the_vocabulary_is_not_evaluated_and_no_failure(
+    tmp_path: Path,
+) -> None:
+    """Round 1 is the vocabulary consensus: clients get the vocabulary with their first training step, so
+    nobody is asked to score round 1's model (it used to give one "evaluation failure ... no vocabulary
+    yet" per client on the console)."""
+    summary = _tiny_run(tmp_path, **{"num-rounds": 2, "eval-every": 1})
+    assert summary["status"] == "converged", summary["status_reason"]
+    log = (tmp_path / "flower.log").read_text()
+    assert "failure" not in log and "no vocabulary yet" not in log
+    assert "round 1/2" in log and "round 2/2" in log  # each round still says it ran
+    evaluated = [entry["round"] for entry in json.loads((tmp_path / "rounds.json").read_text())]
+    assert evaluated == [2]

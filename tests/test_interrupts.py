@@ -9,15 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from fedapp.launch.phase import RunPhase, read_phase
-from fedapp.launch.processes import RUN_TOKEN_ENV, child_environment
+from fedapp.launch.processes import RUN_TOKEN_ENV, Interrupted, child_environment, report_interrupt
 from fedapp.launch.sweep import run_processes, stop_run
-from fedapp.report.records import mark_summary, start_summary
+from fedapp.report.records import await_report, mark_summary, start_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 # an orphan that ignores SIGTERM, holds a file open under the home, and carries no run token
@@ -111,3 +112,104 @@ def test_the_phase_follows_flowers_output_into_its_file(tmp_path: Path) -> None:
     assert read_phase(tmp_path / "phase") == "in round 3"
     phase.see("INFO :      [fedapp] round 3/3 |   0.18 s | acc 78.52 | 3/3 clients")
     assert phase.text == "in the final report" and read_phase(tmp_path / "missing") is None
+
+
+def test_the_phase_is_the_final_report_once_the_method_stopped_early(tmp_path: Path) -> None:
+    """FFCM converged in round 28 of 200: the console said "while in round 29" of a run in its report."""
+    phase = RunPhase(None, "in round 1")
+    phase.see("INFO :      [fedapp] round 28/200 |   0.19 s | acc 79.13 nmi 73.78 | 3/3 clients")
+    assert phase.text == "in round 29"
+    phase.see("INFO :      the strategy is done after round 28 of 200")
+    assert phase.text == "in the final report"
+    phase.see("INFO :      [fedapp] round 28/200 |   0.19 s | acc 79.13 nmi 73.78 | 3/3 clients")
+    assert phase.text == "in the final report"
+
+
+def test_an_interrupt_counts_rounds_run_and_evaluated_from_the_servers_summary(tmp_path: Path) -> None:
+    """The console's progress lines lag behind the ServerApp: the server's own phase and counts win (the
+    reason said "in round 60 (72 round(s) evaluated)" when 72 rounds ran and 3 were evaluated)."""
+    server = {"status": "running", "rounds": 72, "evaluated_rounds": 3, "phase": "in round 73"}
+    (tmp_path / "summary.json").write_text(json.dumps(server))
+    summary = mark_summary(tmp_path, "interrupted", "interrupted by SIGINT", "in round 60")
+    assert summary is not None and summary["phase"] == "in round 73"
+    assert (
+        summary["status_reason"] == "interrupted by SIGINT while in round 73 (72 round(s) run, 3 evaluated)"
+    )
+
+
+@pytest.mark.parametrize(("status", "code"), [("converged", 0), ("completed", 0), ("degraded", 3)])
+def test_a_signal_after_the_run_ended_keeps_its_status_and_exits_with_its_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], status: str, code: int
+) -> None:
+    """The ServerApp had written how the run ended; the signal came while Ray shut down: exit 130 beside
+    `converged` was a contradiction."""
+    (tmp_path / "summary.json").write_text(json.dumps({"status": status, "status_reason": "its own"}))
+    exc = Interrupted(signal.SIGINT)
+    exc.phase, exc.stopped = "in round 29", "stopped the run's 10 processes in 3.1 s (checked: none left)"
+    assert report_interrupt(exc, tmp_path) == code
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"interrupted by SIGINT after the run had ended: {exc.stopped}",
+        f"status: {status} (its own)",
+    ]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == status
+    (tmp_path / "summary.json").write_text(
+        json.dumps({"status": "running", "rounds": 4, "phase": "in round 5"})
+    )
+    assert report_interrupt(exc, tmp_path) == 130
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith("status: interrupted (interrupted by SIGINT while in")
+    )
+
+
+def test_a_signal_in_the_final_report_lets_it_finish_within_the_grace(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"status": "running", "rounds": 28, "phase": "in the final report"}))
+    finisher = threading.Timer(0.3, lambda: path.write_text(json.dumps({"status": "converged"})))
+    finisher.start()
+    started = time.monotonic()
+    assert await_report(tmp_path, 10.0) and time.monotonic() - started < 5
+    path.write_text(json.dumps({"status": "running", "rounds": 3, "phase": "in round 4"}))
+    started = time.monotonic()
+    assert not await_report(tmp_path, 10.0) and time.monotonic() - started < 1  # mid-run: no wait
+    path.write_text(json.dumps({"status": "running", "rounds": 28, "phase": "in the final report"}))
+    assert not await_report(tmp_path, 0.3)  # the grace is bounded
+
+
+def test_the_servers_summary_says_where_the_run_is_and_how_many_rounds_were_evaluated(tmp_path: Path) -> None:
+    from fedapp.config.run import parse_run_config
+    from strategies.ffcm import FFCMStrategy
+
+    keys = {"method": "ffcm", "dataset": "digits", "num-rounds": 20, "out-dir": str(tmp_path)}
+    strategy = FFCMStrategy(parse_run_config(keys))
+    strategy.rounds_run = 2
+    strategy.record.history.append({"round": 2, "metrics": {}})
+    summary = strategy.summary()
+    assert summary["phase"] == "in round 3" and summary["evaluated_rounds"] == 1
+    strategy.finished, strategy._final_evaluated = True, True  # converged: the final report is next
+    assert strategy.summary()["phase"] == "in the final report"
+    strategy.status = "converged"
+    assert "phase" not in strategy.summary()
+
+
+def test_an_interrupted_in_process_run_exits_130_with_the_rounds_it_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simulation.__main__ import main
+
+    argv = ["run", "--engine", "inprocess", "--method", "ffcm", "--dataset", "digits", "--clients", "3"]
+    argv += ["--rounds", "2000", "--set", "ffcm.delta=0", "--set", "eval-every=5", "--out", str(tmp_path)]
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        assert main(argv) == 130
+    finally:
+        timer.cancel()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    run, evaluated = summary["rounds"], len(json.loads((tmp_path / "rounds.json").read_text()))
+    assert run > evaluated > 0
+    assert f"({run} round(s) run, {evaluated} evaluated)" in summary["status_reason"]
+    assert capsys.readouterr().err.splitlines()[-1] == f"status: interrupted ({summary['status_reason']})"

@@ -79,6 +79,19 @@ def _reference(pred: np.ndarray, true: np.ndarray, n_clusters: int, n_classes: i
         }
 
 
+def test_a_perfect_match_is_exactly_one_not_one_and_round_off() -> None:
+    """Summed in floating point, I / mean(H) came out 1.0000000000000002 for this table (and was printed so
+    in summary.json): the fractions stay within [0, 1]."""
+    table = np.diag([191, 153, 81, 93, 13, 23, 5, 53, 244, 195])
+    metrics = clustering_metrics(table)
+    assert metrics["nmi"] == 1.0 and metrics["acc"] == metrics["purity"] == 1.0
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes = rng.integers(1, 300, int(rng.integers(2, 12)))
+        assert clustering_metrics(np.diag(sizes))["nmi"] == pytest.approx(1.0, abs=1e-12, rel=0)
+        assert clustering_metrics(np.diag(sizes))["nmi"] <= 1.0
+
+
 @pytest.mark.parametrize(("pred", "true", "n_clusters", "n_classes"), CASES, ids=CASE_IDS)
 def test_metrics_match_scikit_learn(
     pred: np.ndarray, true: np.ndarray, n_clusters: int, n_classes: int

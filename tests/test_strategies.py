@@ -242,7 +242,10 @@ def test_a_malformed_reply_is_rejected_and_the_others_aggregated(
     with caplog.at_level(logging.WARNING, logger="flwr"):
         parameters, stats = strategy.aggregate_fit(1, [good[0], bad, *good[1:]], [])
     assert stats == {"accepted": 3, "rejected": 1, "failures": 0}
-    assert "client bad" in caplog.text and reason in caplog.text
+    # named: by the partition id its valid reply gave, else its node id (and the partition id it claims)
+    assert (
+        "node bad (" in caplog.text or "partition-id 3: reply rejected" in caplog.text
+    ) and reason in caplog.text
     np.testing.assert_array_equal(_centres(parameters), _centres(reference))
 
 

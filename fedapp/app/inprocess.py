@@ -8,9 +8,10 @@ must exercise Flower's runtime.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from flwr.client import Client
 from flwr.common import (
@@ -32,13 +33,16 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.history import History
 
-from fedapp.app.server_loop import FedappServer
+from fedapp.app.server_loop import FedappServer, late
 from fedapp.datasets import PARTITION_PLACEHOLDER
 from fedapp.report.records import default_out_dir
 
+Reply = TypeVar("Reply", FitRes, EvaluateRes)
+
 
 class InProcessClientProxy(ClientProxy):
-    """Builds the client from `client_fn(context)` for every message, as Flower's runtime does."""
+    """Builds the client from `client_fn(context)` for every message, as Flower's runtime does, and
+    holds its fit and evaluate calls to the round timeout, as a SuperLink does."""
 
     def __init__(self, cid: str, client_fn: Callable[[Context], Client], context: Context) -> None:
         super().__init__(cid)
@@ -56,10 +60,32 @@ class InProcessClientProxy(ClientProxy):
         return self.client_fn(self.context).get_parameters(ins)
 
     def fit(self, ins: FitIns, timeout: float | None, group_id: int | None) -> FitRes:
-        return self.client_fn(self.context).fit(ins)
+        return self._within(timeout, lambda: self.client_fn(self.context).fit(ins))
 
     def evaluate(self, ins: EvaluateIns, timeout: float | None, group_id: int | None) -> EvaluateRes:
-        return self.client_fn(self.context).evaluate(ins)
+        return self._within(timeout, lambda: self.client_fn(self.context).evaluate(ins))
+
+    def _within(self, timeout: float | None, call: Callable[[], Reply]) -> Reply:
+        """`call`'s reply, or the round timeout's failure when it takes longer (the call runs on in a
+        daemon thread and its late reply is dropped, as a SuperLink drops one)."""
+        if timeout is None:
+            return call()
+        outcome: list[Reply | BaseException] = []
+
+        def run() -> None:
+            try:
+                outcome.append(call())
+            except BaseException as exc:  # handed to the server loop as the client's failure
+                outcome.append(exc)
+
+        worker = threading.Thread(target=run, name=f"client-{self.cid}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if not outcome:
+            raise late(self.cid, timeout)
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
 
     def reconnect(self, ins: ReconnectIns, timeout: float | None, group_id: int | None) -> DisconnectRes:
         return DisconnectRes(reason="")
@@ -98,5 +124,5 @@ def run_inprocess(
     strategy = components.server.strategy if components.server is not None else components.strategy
     server = FedappServer(client_manager=manager, strategy=strategy)
     server.set_max_workers(1)
-    history, _ = server.fit(num_rounds=components.config.num_rounds, timeout=None)
+    history, _ = server.fit(num_rounds=components.config.num_rounds, timeout=components.config.round_timeout)
     return strategy, history

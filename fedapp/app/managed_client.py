@@ -8,7 +8,8 @@ ran the fit, so a run on a Ray cluster shows where its clients ran: summary.json
 `context.state` after each fit and reloads it once after a resume (see fedapp/app/checkpoint.py). A fit
 message that carries the final report's stage (`fedapp.report.stages`, sent so under SecAgg+) goes to the
 client's report (`final_report.secure`, clients/report.py), not to the method's training step; one that
-carries k selection's round B under SecAgg+ (`fedapp.app.k_selection`) to `secure_selection`.
+carries k selection's round B under SecAgg+ (`fedapp.app.k_selection`) to `secure_selection`. Faults a
+test injects (`fedapp.app.faults`) happen here too, around the method.
 
 A run with k = 0 on unlabelled files chooses k in its first two messages; every later message carries the
 chosen k (`CHOSEN_K_KEY`), so the method's client is built for the message it answers, with that k.
@@ -26,6 +27,7 @@ from flwr.client import NumPyClient
 from flwr.common import ConfigRecord, Context, NDArrays, RecordDict, Scalar
 
 from fedapp.app.checkpoint import RESUME_KEY, load_client_state, save_client_state
+from fedapp.app.faults import before_evaluate, before_fit, corrupted
 from fedapp.app.k_selection import CHOSEN_K_KEY, SELECT_KEY
 from fedapp.config.run import RunConfig
 from fedapp.datasets import DatasetError
@@ -112,8 +114,10 @@ class ManagedClient(NumPyClient):
             arrays, n, metrics = report.secure(parameters, config)
             return arrays, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
         with self._named():
+            fault = before_fit(self.partition_id, config, self.cfg.round_timeout)  # tests: FEDAPP_FAULTS
             self._restore_once(config)
             arrays, n, metrics = self.inner.fit(parameters, config)
+            arrays = corrupted(arrays, fault)
         server_round = config.get("server-round")
         if self.checkpoints is not None and isinstance(server_round, int):
             state = RecordDict({key: value for key, value in self.context.state.items() if key != _RESTORED})
@@ -127,6 +131,7 @@ class ManagedClient(NumPyClient):
         started = time.perf_counter()
         inner = self.client(config)
         with self._named():
+            before_evaluate(self.partition_id, config)
             loss, n, metrics = inner.evaluate(parameters, config)
         return loss, n, {**metrics, SECONDS_KEY: time.perf_counter() - started}
 

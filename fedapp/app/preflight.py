@@ -11,7 +11,7 @@ instead of a Ray start-up and thousands of log lines later (or a client error re
 
 from __future__ import annotations
 
-import os
+import contextlib
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,10 +58,10 @@ def check_dependencies(method: str) -> None:
         )
 
 
-def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
+def check_run(cfg: RunConfig, num_clients: int) -> None:
     """Raise ConfigError / DatasetError / PartitionError for a run that cannot work as configured.
 
-    `create=False` (a dry run) checks that the output directory could be made without making it. k = 0 on
+    The output directory is checked, not made (`check_out_dir`): a refused run leaves none. k = 0 on
     unlabelled own files is chosen before round 1 (`strategies.k_choice`), so such a run is checked with its
     smallest candidate, k-min."""
     if num_clients < 1:
@@ -69,12 +69,12 @@ def check_run(cfg: RunConfig, num_clients: int, *, create: bool = True) -> None:
             f"the simulation needs at least 1 client, got {num_clients} (num-clients = 0, 'every connected "
             "SuperNode', only means something in a deployment)"
         )
-    check_out_dir(Path(cfg.out_dir), create=create)
+    check_out_dir(Path(cfg.out_dir))
     if cfg.checkpoint_every or cfg.resume:
         checkpoints = checkpoint_dir(cfg, Path(cfg.out_dir))
         if checkpoints.exists() and not checkpoints.is_dir():
             raise ConfigError(f"checkpoint-dir {checkpoints} is a file, not a folder")
-        check_out_dir(checkpoints, create=False)
+        check_out_dir(checkpoints)
     if cfg.resume and not (checkpoint_dir(cfg, Path(cfg.out_dir)) / "latest.json").is_file():
         raise ConfigError(
             f"resume=true but there is no checkpoint in {checkpoint_dir(cfg, Path(cfg.out_dir))} "
@@ -125,13 +125,14 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
             raise DatasetError(f"client {partition_id}: {exc}") from None
     labelled = [data.labelled for data in files]
     unlabelled = [i for i, has in enumerate(labelled) if not has]
-    k = cfg.k or _unlabelled_k(cfg, not unlabelled, f"client(s) {unlabelled} have")
-    k = k or max(data.n_classes for data in files)
+    k_min = 0 if cfg.k else _unlabelled_k(cfg, not unlabelled, f"client(s) {unlabelled} have")
+    k = cfg.k or k_min or max(data.n_classes for data in files)
+    key = "k-min" if k_min else "k"  # the key to change: k = 0 chooses k, trying k-min first
     for partition_id, data in enumerate(files):
         if data.n_samples < k:
             raise ConfigError(
                 f"client {partition_id}: {data.name} holds {data.n_samples} records, "
-                f"fewer than k={k} clusters"
+                f"fewer than {key}={k} clusters: lower {key}, or give it more records"
             )
         if vertical and (isinstance(data, Summary) or data.ids is None):
             raise ConfigError(
@@ -141,7 +142,7 @@ def check_own_files(cfg: RunConfig, num_clients: int) -> None:
         check_shared_ids([data for data in files if isinstance(data, Dataset)], k)
         return
     check_delta(cfg, [data.n_samples for data in files])
-    check_floor(cfg, [Site(i, data.name, data.n_samples) for i, data in enumerate(files)], k)
+    check_floor(cfg, [Site(i, data.name, data.n_samples) for i, data in enumerate(files)], k, key)
     widths = {i: width for i, data in enumerate(files) if (width := _width(data)) is not None}
     if len(set(widths.values())) > 1:
         first = min(widths)
@@ -185,12 +186,13 @@ def _unlabelled_k(cfg: RunConfig, labelled: bool, who: str) -> int:
     return cfg.k_min
 
 
-def check_floor(cfg: RunConfig, sites: Sequence[Site], k: int) -> None:
+def check_floor(cfg: RunConfig, sites: Sequence[Site], k: int, key: str = "k") -> None:
     """The privacy floor against every site's records, and k against the local centres it lets the
-    clients send (`fedapp.app.floor_rules`), for the floor every client enforces at least."""
+    clients send (`fedapp.app.floor_rules`), for the floor every client enforces at least. `key`: the
+    run-config key k came from (`k-min` when the run chooses k)."""
     rule, floor = floor_rule(cfg, k), run_floor(cfg)
     check_sites_above_floor(sites, rule, floor, cfg.method)
-    check_local_centres(sites, rule, floor, k, cfg.method)
+    check_local_centres(sites, rule, floor, k, cfg.method, key)
 
 
 def check_sites_above_floor(sites: Sequence[Site], rule: FloorRule, floor: int, method: str) -> None:
@@ -206,7 +208,9 @@ def check_sites_above_floor(sites: Sequence[Site], rule: FloorRule, floor: int, 
         )
 
 
-def check_local_centres(sites: Sequence[Site], rule: FloorRule, floor: int, k: int, method: str) -> None:
+def check_local_centres(
+    sites: Sequence[Site], rule: FloorRule, floor: int, k: int, method: str, key: str = "k"
+) -> None:
     """The server clusters the clients' local centres into k: fewer than k in all (k' <= n // floor per
     client) and its merge fails, after the rounds it took to collect them."""
     if not (rule.needs_k and rule.asked):
@@ -222,8 +226,8 @@ def check_local_centres(sites: Sequence[Site], rule: FloorRule, floor: int, k: i
         else f"{rule.asked} per client"
     )
     raise ConfigError(
-        f"k={k} clusters but the {len(sites)} {method} clients can send only {sum(sendable)} local centres "
-        f"({per_client}): lower k, or use fewer, larger clients"
+        f"{key}={k} clusters but the {len(sites)} {method} clients can send only {sum(sendable)} local "
+        f"centres ({per_client}): lower {key}, or use fewer, larger clients"
     )
 
 
@@ -240,21 +244,19 @@ def check_shared_ids(files: Sequence[Dataset], k: int) -> None:
         raise ConfigError(f"{', '.join(data.name for data in files)}: {exc}") from None
 
 
-def check_out_dir(out_dir: Path, *, create: bool = True) -> None:
-    """The output directory exists (or can be made) and accepts a file; `create=False`: the nearest
-    existing folder on its path is a writable directory (nothing is made)."""
-    if not create:
-        existing = out_dir.absolute()
-        while not existing.exists():
-            existing = existing.parent
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"output directory {out_dir} cannot be made: {existing} is not a writable folder"
-            )
-        return
+def check_out_dir(out_dir: Path, *, create: bool = False) -> None:
+    """The output directory exists or can be made, and accepts a file: checked by making what is missing
+    and writing a file there, then removing both, so a run refused by a later check (or a dry run) leaves
+    no empty folder behind; a folder that was already there is never removed. `create`: keep the folder."""
+    missing = [folder for folder in (out_dir.absolute(), *out_dir.absolute().parents) if not folder.exists()]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-test-"):
             pass
     except OSError as exc:
         raise ConfigError(f"output directory {out_dir} is not writable: {exc.strerror or exc}") from None
+    finally:
+        if not create:
+            for folder in missing:  # deepest first: only the folders this check made
+                with contextlib.suppress(OSError):
+                    folder.rmdir()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import timeit
 from collections.abc import Callable
+from logging import INFO
 from typing import Any
 
 import flwr.compat.common.recorddict_compat as compat
-from flwr.common import ConfigRecord, Context, FitIns, FitRes, Parameters
+from flwr.common import ConfigRecord, Context, FitIns, FitRes, Parameters, log
 from flwr.server import Server, ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -76,6 +77,7 @@ def run_secure(grid: Grid, context: Context, server: Server, config: ServerConfi
             server.evaluate_round(server_round, config.round_timeout)
             strategy.round_done(server_round)
             if strategy.done:
+                log(INFO, "the strategy is done after round %d of %d", server_round, config.num_rounds)
                 break
         run_secure_report(grid, legacy, strategy.final_report, cfg, config.round_timeout)
     except BaseException as exc:

@@ -31,6 +31,7 @@ from flwr.common import (
     Parameters,
     log,
 )
+from flwr.common.constant import ErrorCode
 from flwr.common.serde import recorddict_to_proto
 from flwr.server import Server
 from flwr.server.client_manager import ClientManager
@@ -286,6 +287,7 @@ def _on_grid(instructions: Sequence[tuple[ClientProxy, object]]) -> bool:
 
 
 # ------------------------------------------------------------------------------------ batched exchange
+EXPIRED = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)  # SuperLink: TTL ran out
 MIN_PULL_INTERVAL_S = 0.002  # shortest wait between pulls (the first ones after a push)
 MAX_PULL_INTERVAL_S = 0.1  # longest wait between pulls, however long clients compute
 PULL_INTERVAL_FRACTION = 0.05  # re-poll after 5 % of the time waited so far: late replies cost <= 5 %
@@ -337,11 +339,14 @@ def exchange(
             waited = time.monotonic() - started
             time.sleep(min(max(PULL_INTERVAL_FRACTION * waited, MIN_PULL_INTERVAL_S), MAX_PULL_INTERVAL_S))
     results: list[tuple[ClientProxy, FitRes | EvaluateRes]] = []
-    failures: list[BaseException] = [TimeoutError(f"no reply within {timeout} s") for _ in pending]
+    failures: list[BaseException] = [late(proxy_of[message_id].cid, timeout) for message_id in pending]
     for message_id, reply in replies.items():
         if reply.has_error():
             cid = proxy_of[message_id].cid
-            failures.append(RuntimeError(f"client {cid} error: {readable_reason(reply.error.reason)}"))
+            if reply.error.code in EXPIRED:  # its TTL is the round timeout: the reply came too late
+                failures.append(late(cid, timeout, "the SuperLink let its message expire"))
+            else:
+                failures.append(RuntimeError(f"client {cid} error: {readable_reason(reply.error.reason)}"))
             continue
         res = (
             compat.recorddict_to_fitres(reply.content, False)
@@ -354,6 +359,13 @@ def exchange(
             cid = proxy_of[message_id].cid
             failures.append(RuntimeError(f"client {cid} status {res.status.code.name}: {res.status.message}"))
     return results, failures
+
+
+def late(cid: str, timeout: float | None, how: str = "") -> TimeoutError:
+    """The failure of a client that did not answer within the round's timeout, naming it."""
+    return TimeoutError(
+        f"client {cid}: no reply within the round timeout ({timeout:g} s){f'; {how}' if how else ''}"
+    )
 
 
 # ------------------------------------------------------------------------------------------- wire bytes

@@ -214,16 +214,34 @@ def load_sentence_model(
     device = resolve_device(device)
     from sentence_transformers import SentenceTransformer
 
-    if kind == "dir":
-        try:
-            model = SentenceTransformer(location, device=device, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise EmbeddingError(f"cannot load sentence model from {location}: {_one_line(exc)}") from None
-    else:
-        model = _load_hub_model(SentenceTransformer, location, device)
+    with _no_library_bars():
+        if kind == "dir":
+            try:
+                model = SentenceTransformer(location, device=device, local_files_only=True)
+            except (OSError, ValueError) as exc:
+                raise EmbeddingError(
+                    f"cannot load sentence model from {location}: {_one_line(exc)}"
+                ) from None
+        else:
+            model = _load_hub_model(SentenceTransformer, location, device)
     if max_seq_length is not None:
         model.max_seq_length = max_seq_length
     return model
+
+
+@contextlib.contextmanager
+def _no_library_bars() -> Iterator[None]:
+    """transformers draws a "Loading weights" bar on every load (three per run on three sites): the console
+    and the logs get fedapp's one line per round, not other libraries' bars."""
+    from transformers.utils import logging as transformers_logging
+
+    shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            transformers_logging.enable_progress_bar()
 
 
 def _load_hub_model(factory: Callable[..., Any], name: str, device: str) -> Any:

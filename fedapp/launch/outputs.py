@@ -14,12 +14,14 @@ import re
 from pathlib import Path
 
 from fedapp.app.checkpoint import checkpoint_dir
+from fedapp.app.preflight import check_out_dir
 from fedapp.config.run import ConfigError, RunConfig
 from fedapp.datasets import PARTITION_PLACEHOLDER
 from fedapp.report.assignments import ASSIGNMENTS_FILE
 from fedapp.report.model_store import MODEL_DIR, MODEL_JSON, NPZ_FILE, SAFETENSORS_FILE
 from fedapp.report.pages.node import NODE_DATA, NODE_PAGE
 from fedapp.report.pages.run import REPORT_FILE
+from fedapp.report.selection_files import TUNE_JSON, TUNE_PNG
 
 # the run's own files in its folder: records, log, wire bytes (server_loop.WIRE_BYTES_FILE), CCFC's global
 # model (strategies.ccfc.MODEL_FILE), a loopback deployment's pids, k = 0's selection (simulation.tune),
@@ -33,8 +35,8 @@ RUN_FILES = (
     "wire_bytes.json",
     "global_model.npz",
     "deploy-pids.json",
-    "tune.json",
-    "tune.png",
+    TUNE_JSON,
+    TUNE_PNG,
     REPORT_FILE,
 )
 NODE_FILES = (ASSIGNMENTS_FILE, NODE_PAGE, NODE_DATA)  # what a node writes into its folder
@@ -84,6 +86,15 @@ def check_outputs(cfg: RunConfig, *, overwrite: bool) -> None:
             "add --overwrite to replace them (only fedapp's own files are removed), set resume=true to "
             "continue that run, or choose another folder"
         )
+
+
+def check_selection_outputs(out_dir: Path, *, overwrite: bool) -> None:
+    """`fedapp tune`'s outputs, checked before the selection runs, as a run's are: an earlier tune.json /
+    tune.png is refused unless `overwrite`, and the folder must be one the results can be written to."""
+    earlier = [out_dir / name for name in (TUNE_JSON, TUNE_PNG) if (out_dir / name).exists()]
+    if earlier and not overwrite:
+        raise ConfigError(f"{out_dir} holds an earlier {earlier[0].name}: pass --overwrite or another --out")
+    check_out_dir(out_dir)
 
 
 def describe(paths: list[Path], out: Path) -> str:

@@ -11,9 +11,12 @@ import os
 import re
 from pathlib import Path
 
+from fedapp.report.records import REPORT_PHASE
+
 PHASE_FILE = "fedapp-phase"  # in the run's private FLWR_HOME
 _PROGRESS_ROUND = re.compile(r"\[fedapp\] round (\d+)/(\d+) ")
 _SERVER_STARTED = "Starting Flower ServerApp"
+_METHOD_DONE = "the strategy is done after round"  # `FedappServer.fit`: the method stopped early
 
 
 class RunPhase:
@@ -37,9 +40,12 @@ class RunPhase:
         """Follow one line of Flower's output: the ServerApp starting, a round's progress line."""
         if _SERVER_STARTED in line:
             self.set("in round 1")
+        elif _METHOD_DONE in line:
+            self.set(REPORT_PHASE)
         elif match := _PROGRESS_ROUND.search(line):
             done, total = int(match.group(1)), int(match.group(2))
-            self.set(f"in round {done + 1}" if done < total else "in the final report")
+            if self.text != REPORT_PHASE:
+                self.set(f"in round {done + 1}" if done < total else REPORT_PHASE)
 
 
 def read_phase(path: Path) -> str | None:

@@ -23,7 +23,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fedapp.report.records import FINISHED, exit_code, mark_summary, status_line
+
 RUN_TOKEN_ENV = "FEDAPP_RUN_TOKEN"
+REPORT_GRACE_S = 15.0  # a signal in the final report waits this long for it (`records.await_report`)
 
 
 class ProcessError(RuntimeError):
@@ -217,6 +220,23 @@ class Interrupted(Exception):  # noqa: N818 (it is what happened, not an error)
     def reason(self) -> str:
         """summary.json's `status_reason`: the signal and, when known, the phase it came in."""
         return f"{self}{f' while {self.phase}' if self.phase else ''}"
+
+
+def report_interrupt(exc: Interrupted, out: Path | None) -> int:
+    """Two lines on stderr — what the sweep verified about the run's processes, then the status, which
+    summary.json (written at the start, so it exists once anything started) says too — and the exit code.
+    A run that had run through when the signal came keeps its status, and the exit code is its status's."""
+    summary = mark_summary(out, "interrupted", str(exc), exc.phase) if out else None
+    stopped = exc.stopped or "it had started no other process"
+    if summary is not None and summary.get("status") in FINISHED:
+        print(f"{exc} after the run had ended: {stopped}", file=sys.stderr)
+        print(status_line(summary), file=sys.stderr)
+        return exit_code(summary)
+    phase = (summary or {}).get("phase") or exc.phase
+    print(f"{exc}{f' while {phase}' if phase else ''}: {stopped}", file=sys.stderr)
+    fallback = {"status": "interrupted", "status_reason": f"{exc}{f' while {phase}' if phase else ''}"}
+    print(status_line(summary or fallback), file=sys.stderr)
+    return exc.exit_code
 
 
 @contextmanager

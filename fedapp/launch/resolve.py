@@ -130,12 +130,12 @@ def validate(
     engine: str,
     resources: ClientResources,
     *,
-    dry_run: bool = False,
     overwrite: bool = False,
 ) -> RunConfig:
     """Everything checked before a run starts (the method's optional dependencies, engine, resources,
     data, partition, k, the privacy floor, the output directory and an earlier run's outputs in it, which
-    only `overwrite` or `resume` accept); `dry_run`: the same, creating nothing. Raises ConfigError /
+    only `overwrite` or `resume` accept); nothing is created, so a dry run and a refused run leave nothing
+    behind. Raises ConfigError /
     DatasetError with one line."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine '{engine}'; choose one of {ENGINES}")
@@ -151,5 +151,5 @@ def validate(
     if not cfg.own_data:  # own files are read whole by check_run
         require_files(cfg.dataset, resolve_data_dir(cfg.data_dir or None))  # so does a missing dataset file
     check_outputs(cfg, overwrite=overwrite)  # before the data: a second run into one folder fails fast
-    check_run(cfg, cfg.num_clients, create=not dry_run)  # data that does not parse, partition, k, out-dir
+    check_run(cfg, cfg.num_clients)  # data that does not parse, partition, k, out-dir (made by the run)
     return cfg

@@ -2,15 +2,21 @@
 
 A method is four pieces: `fedapp/methods/<method>.py` (its config keys as a `ConfigSection` dataclass and
 whatever else both protocol sides share), `strategies/<method>.py`, `clients/<method>.py` and, where it has
-experiments, `simulation/<method>/`. Strategy and client classes are named by import path and imported
-lazily, so the ServerApp of one method never imports the dependencies (torch, sentence-transformers) of
-another, and `fedapp/` never imports `clients/` or `strategies/`.
+experiments, `simulation/papers/<method>/`; plus its `MethodSpec` here, in `METHODS`. Strategy and client
+classes are named by import path and imported lazily, so the ServerApp of one method never imports the
+dependencies (torch, sentence-transformers) of another, and `fedapp/` never imports `clients/` or
+`strategies/`.
+
+A method kept outside this package registers its `MethodSpec` with `register` from its own module; listed in
+`FEDAPP_METHODS` (module names, comma-separated), that module is imported here, so every process of a run
+(Ray's workers, a SuperNode's ClientApps: they inherit the environment) knows the method.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -291,6 +297,27 @@ class UnknownMethodError(ValueError):
     """Raised for a method name that is not registered."""
 
 
+METHODS_ENV = "FEDAPP_METHODS"  # modules that register methods of their own (module docstring)
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    """Add a method to the registry (the same spec again is a no-op; another under a taken name is an
+    error: a method is never replaced behind its users' backs)."""
+    if METHODS.setdefault(spec.name, spec) != spec:
+        raise ValueError(f"method '{spec.name}' is registered already")
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Take a registered method out again (a test's fixture)."""
+    METHODS.pop(name, None)
+
+
+def _import_registering_modules() -> None:
+    for module in filter(None, (name.strip() for name in os.environ.get(METHODS_ENV, "").split(","))):
+        importlib.import_module(module)
+
+
 def method_spec(name: str) -> MethodSpec:
     try:
         return METHODS[name]
@@ -316,3 +343,6 @@ def load_class(path: str) -> Any:
     """Import "package.module:Class"."""
     module_name, _, attr = path.partition(":")
     return getattr(importlib.import_module(module_name), attr)
+
+
+_import_registering_modules()

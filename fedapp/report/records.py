@@ -10,6 +10,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ PROGRESS_MARKER = "[fedapp]"  # log lines the runners show on the terminal (the 
 
 # Exit codes of the entry points (2 is a bad input, refused before anything starts).
 EXIT_CODES = {"completed": 0, "converged": 0, "failed": 1, "degraded": 3}
+FINISHED = ("completed", "converged", "degraded")  # a run that ran through, as its ServerApp said
+REPORT_PHASE = "in the final report"  # after the method's last round: assignments and label-free metrics
 
 
 def start_summary(out_dir: Path, header: Mapping[str, Any], phase: str) -> None:
@@ -35,27 +38,49 @@ def mark_summary(
     out_dir: Path, status: str, reason: str, phase: str | None = None, *, only_running: bool = False
 ) -> dict[str, Any] | None:
     """Set the status of a run that its entry point (or its watchdog) saw end: a signal, a kill, a lost
-    SuperLink; the server could not say why. `phase`: where the run was, when known. `only_running`: leave
-    a summary alone unless it still says `running` (the watchdog must not overwrite an entry point's own
-    ending). Returns the summary, or None when the run wrote none."""
+    SuperLink; the server could not say why. `phase`: where the entry point saw the run, used until the
+    ServerApp writes its own (it knows better: the console's progress lines lag behind its rounds).
+    `only_running`: leave a summary alone unless it still says `running` (the watchdog must not overwrite
+    an entry point's own ending). A run whose ServerApp had already said how it ended (`FINISHED`) keeps
+    that. Returns the summary, or None when the run wrote none."""
     path = Path(out_dir) / "summary.json"
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if summary.get("status") in ("completed", "converged"):  # it finished before the end came
+    if summary.get("status") in FINISHED:  # it finished before the end came
         return summary
     if only_running and summary.get("status", "running") != "running":
         return summary
+    phase = summary.get("phase") if "rounds" in summary and summary.get("phase") else phase
     where = f" while {phase}" if phase else ""
+    counts = f"{summary.get('rounds', 0)} round(s) run, {summary.get('evaluated_rounds', 0)} evaluated"
     summary["status"] = status
-    summary["status_reason"] = f"{reason}{where} ({summary.get('rounds', 0)} round(s) evaluated)"
+    summary["status_reason"] = f"{reason}{where} ({counts})"
     if phase:
         summary["phase"] = phase
     write_json(path, summary)
     if "config" in summary:  # the ServerApp wrote its summary: its page says how the run ended
         update_run_report(Path(out_dir))
     return summary
+
+
+def await_report(out_dir: Path, grace_s: float) -> bool:
+    """A signal that comes in the final report, after the method's last round: give the ServerApp up to
+    `grace_s` to finish it (every node's assignments.csv, the summary), so that a run which has run
+    through keeps its outputs. True when summary.json then says the run ended."""
+    path = Path(out_dir) / "summary.json"
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        if summary.get("status", "running") != "running":
+            return True
+        if summary.get("phase") != REPORT_PHASE or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def status_line(summary: Mapping[str, Any]) -> str:
