@@ -14,6 +14,7 @@ from fedapp.maths.clustering import nearest_centre
 from fedapp.maths.selection import (
     KSearch,
     SelectionError,
+    StabilityRule,
     adjusted_rand,
     candidate_criteria,
     candidate_ks,
@@ -70,7 +71,7 @@ def test_noise_has_no_stable_k_and_the_verdict_says_so() -> None:
     for rows in (rng.normal(size=(2000, 8)), rng.uniform(size=(2000, 8)) * np.geomspace(3, 0.3, 8)):
         selection, candidates = select_k(np.array_split(rows, 4), 2, 30, seed=0, floor=5)
         assert selection.confidence["verdict"] == "weak"
-        assert "no candidate k is stable" in str(selection.confidence["why"])
+        assert "cloud of the data's shape" in str(selection.confidence["why"])
         assert max(candidates) == 30 and "extended" not in selection.confidence
 
 
@@ -167,13 +168,25 @@ def test_each_rule_picks_its_extreme_and_ties_go_to_the_smaller_k() -> None:
     assert choose_k(table, "silhouette") == 2
     assert choose_k(table, "calinski_harabasz") == 3
     assert choose_k(table, "davies_bouldin") == 3
-    # stability: the largest k within the tolerance of the most stable
-    assert (
-        choose_k(table, "stability", tolerance=0.05) == 4 and choose_k(table, "stability", tolerance=0.0) == 3
-    )
-    sure = confidence(table, 4, tolerance=0.05, weak_below=0.5)
+    # stability: the largest k within the tolerance of the most stable (no null: excess = stability)
+    assert choose_k(table, "stability", StabilityRule(tolerance=0.05)) == 4
+    assert choose_k(table, "stability", StabilityRule(tolerance=0.0)) == 3
+    sure = confidence(table, 4, StabilityRule(tolerance=0.05, weak_below=0.5))
     assert sure["verdict"] == "strong" and sure["plateau"] == [3, 4] and sure["stability"] == 0.88
-    assert confidence(table, 4, tolerance=0.05, weak_below=0.95)["verdict"] == "weak"
+    assert confidence(table, 4, StabilityRule(tolerance=0.05, weak_below=0.95))["verdict"] == "weak"
+    # beyond the null: a k whose clusterings agree barely more than a structureless cloud's is weak
+    nulled = {k: {**row, "null_stability": 0.8} for k, row in table.items()}
+    assert choose_k(nulled, "stability", StabilityRule(tolerance=0.05)) == 3  # excess 0, .5, .4, -1.5
+    assert "too close" in str(confidence(nulled, 3, StabilityRule(tolerance=0.05, raw_below=0.2))["why"])
+    # a far larger k nearly as stable weakens the choice; a far smaller one is a coarser level
+    wide = {2: {"stability": 0.95}, 3: {"stability": 0.5}, 6: {"stability": 0.96}, 13: {"stability": 0.9}}
+    rule = StabilityRule(tolerance=0.03, ambiguity=0.1)
+    assert choose_k(wide, "stability", rule) == 6
+    sure = confidence(wide, 6, rule)
+    assert sure["verdict"] == "weak" and "k = 13" in str(sure["why"]) and sure["coarser"] == [2]
+    assert confidence(wide, 6, StabilityRule(tolerance=0.03, ambiguity=0.05))["verdict"] == "strong"
+    # one direction holding nearly all the spread: any clustering slices it
+    assert "one direction" in str(confidence(table, 4, StabilityRule(), dominance=0.97)["why"])
     with pytest.raises(SelectionError, match="unknown rule"):
         choose_k(table, "gap")
 

@@ -92,7 +92,7 @@ def test_malformed_frequency_replies_are_rejected(
     with caplog.at_level(logging.WARNING, logger="flwr"):
         _, stats = strategy.aggregate_fit(1, [_df_reply("a", 0, CLIENT_TEXTS[0]), (proxy, res)], [])
     assert stats["accepted"] == 1 and stats["rejected"] == 1
-    assert "client bad" in caplog.text and reason in caplog.text
+    assert "node bad" in caplog.text and reason in caplog.text  # no valid reply yet: its node id
 
 
 @pytest.mark.usefixtures("text_embedding_cache")

@@ -25,10 +25,10 @@ of the pooled clustering; Davies-Bouldin's spreads and the silhouette taken arou
 of the federation, averaged over the pairs (Ben-Hur, Elisseeff & Guyon 2002; Lange et al. 2004: a k that
 matches structure in the data is found again from other data, a k that cuts through a cluster is not).
 Stability alone is fooled by the shape of a cloud without clusters: 2-means splits an elongated Gaussian
-the same way every time. So the server also measures it on a **null** of the same shape (`null_rows`: one
-Gaussian with the union's between-centre covariance plus the clients' within-centre spread, from round A's
-centres, sizes and each client's sum of squared norms), split over clients of the same sizes, through the
-same pipeline (Tibshirani, Walther & Hastie's gap statistic and Lange et al.'s normalisation do the same
+the same way every time. So the server also measures it on **nulls** of the same shape (`null_rows`: a
+Gaussian and a uniform box, each with the union's between-centre covariance plus the clients'
+within-centre spread, from round A's centres, sizes and each client's sum of squared norms), split over
+clients of the same sizes, through the same pipeline, and takes per k the more stable of the two (Tibshirani, Walther & Hastie's gap statistic and Lange et al.'s normalisation do the same
 with a reference distribution). The rule works on the excess, stability minus the null's, so a k is
 chosen for structure the data has beyond its shape; no extra round, the null costs the server's CPU.
 `choose_k` applies the rule (`RULE`); `confidence` says how sure it is.
@@ -63,12 +63,31 @@ LOCAL_RESTARTS_ABOVE = 100  # local k' above this: 3 restarts instead of 10 (cos
 CRITERIA = ("stability", "simplified_silhouette", "calinski_harabasz", "davies_bouldin")
 RULES = ("stability", "silhouette", "calinski_harabasz", "davies_bouldin")
 RULE = "stability"  # see `choose_k` (validated leaving one dataset out: docs/model-selection.md)
-# The stability rule takes the largest k whose stability is within this of the most stable candidate's,
-# and calls the evidence weak where no candidate reaches WEAK_STABILITY. Both were chosen leaving one
-# dataset out (`simulation.bench.selection --loo`): each benchmark's row in docs/model-selection.md uses
-# the values fitted on the others; these are the values fitted on all of them.
-STABILITY_TOLERANCE = 0.05
-WEAK_STABILITY = 0.5
+
+
+@dataclass(frozen=True)
+class StabilityRule:
+    """The stability rule's constants. The choice: the largest k whose stability beyond the null
+    (`excess`) is within `tolerance` of the best. The verdict is weak where the best excess is below
+    `weak_below`; where the chosen k's stability exceeds its null's by less than `raw_below` (a cloud of
+    yet another shape may split as reproducibly); where a k above 2k scores within `ambiguity` of the
+    chosen one (structure at two scales; a k below k/2 as stable is only reported, `coarser`: merging
+    separated clusters is as reproducible as finding them); or where one direction holds
+    `dominant_above` of the data's spread (features on different scales: any clustering slices that
+    direction). All were chosen leaving one dataset out (`simulation.bench.selection --loo`,
+    docs/model-selection.md): each benchmark's row there uses the constants fitted on the others; these
+    are the ones fitted on all of them."""
+
+    tolerance: float = 0.03
+    weak_below: float = 0.0
+    raw_below: float = 0.2
+    ambiguity: float | None = 0.1
+    dominant_above: float | None = 0.9
+
+
+STABILITY_RULE = StabilityRule()
+NULL_FLOOR = 0.05  # `excess` divides by the null's instability 1 - s0, at least this (a null reproduced to
+# within 5 % of pairs leaves nothing to measure beyond it)
 EXTEND_FACTOR = 2  # a choice on the top of the range doubles k-max (`KChoice`, `fedapp tune`)
 NULL_ROWS = 10_000  # the null's records at most (the federation's count below that)
 
@@ -170,31 +189,61 @@ def split_centres(
     return out
 
 
+NULL_SHAPES = ("gauss", "box")
+
+
 def null_rows(
     centres: Sequence[np.ndarray],
     sizes: Sequence[np.ndarray],
     squares: Sequence[float],
     seed: int,
     limit: int = NULL_ROWS,
+    shape: str = "gauss",
 ) -> list[np.ndarray]:
-    """The null: one Gaussian with the federation's mean and shape, as rows of clients of the same
-    relative sizes (at most `limit` rows in all). Its covariance is the size-weighted covariance of the
-    union of local centres (the between-centre part, of rank <= the union's size) plus the clients' spread
-    around their centres, W = sum ||x||^2 - sum n_j ||c_j||^2, spread evenly over the dimensions."""
+    """A null: one structureless cloud with the federation's mean and covariance, as rows of clients of
+    the same relative sizes (at most `limit` rows in all); `gauss` a Gaussian, `box` a uniform box along
+    the principal axes (Tibshirani et al.'s gap reference), which a k-means splits more reproducibly.
+    The covariance is the size-weighted covariance of the union of local centres (the between-centre
+    part, of rank <= the union's size) plus the clients' spread around their centres,
+    W = sum ||x||^2 - sum n_j ||c_j||^2, spread evenly over the dimensions."""
+    if shape not in NULL_SHAPES:
+        raise SelectionError(f"unknown null shape {shape!r}; one of {', '.join(NULL_SHAPES)}")
     union, weights = _union(centres, sizes)
     n = float(weights.sum())
     mean = weights @ union / n
     factor = np.sqrt(weights / n)[:, None] * (union - mean)  # factor.T @ factor = between-centre covariance
+    _, singular, axes = np.linalg.svd(factor, full_matrices=False)
     within = max(float(np.sum(squares)) - float(weights @ (union**2).sum(1)), 0.0)
     spread = np.sqrt(within / (n * union.shape[1]))
-    rng = np.random.default_rng([seed, 0x0B])
+    rng = np.random.default_rng([seed, 0x0B, NULL_SHAPES.index(shape)])
     rows = [int(np.sum(s)) for s in sizes]
     take = [max(1, int(round(r * min(1.0, limit / sum(rows))))) for r in rows]
+    root3 = np.sqrt(3.0)  # U(-sqrt 3, sqrt 3) has unit variance
+
+    def unit(size: tuple[int, int]) -> np.ndarray:
+        return rng.standard_normal(size) if shape == "gauss" else rng.uniform(-root3, root3, size)
+
     out = []
     for count in take:
-        draws = rng.standard_normal((count, factor.shape[0])) @ factor
-        out.append(mean + draws + spread * rng.standard_normal((count, union.shape[1])))
+        draws = (unit((count, len(singular))) * singular) @ axes
+        out.append(mean + draws + spread * unit((count, union.shape[1])))
     return out
+
+
+def dominance(centres: Sequence[np.ndarray], sizes: Sequence[np.ndarray], squares: Sequence[float]) -> float:
+    """The share of the data's spread along its main direction, in the null's covariance (`null_rows`):
+    near 1 when one feature's scale dwarfs the others' (raw sizes beside ratios), where any clustering
+    slices that one direction."""
+    union, weights = _union(centres, sizes)
+    n = float(weights.sum())
+    mean = weights @ union / n
+    factor = np.sqrt(weights / n)[:, None] * (union - mean)
+    within = max(float(np.sum(squares)) - float(weights @ (union**2).sum(1)), 0.0) / n  # trace, spread evenly
+    between = np.linalg.svd(factor, compute_uv=False) ** 2
+    total = float(between.sum()) + within
+    return (
+        0.0 if total <= 0 else float((between[0] if between.size else 0.0) + within / union.shape[1]) / total
+    )
 
 
 def null_stability(
@@ -349,20 +398,22 @@ def _criterion(rule: str) -> str:
 
 
 def excess(row: dict[str, float | None]) -> float | None:
-    """A candidate's stability beyond its null's (the raw stability where no null was measured)."""
+    """A candidate's stability beyond its null's, as a share of the null's instability (Lange et al.'s
+    normalisation): (s - s0) / (1 - s0), 1 where the data's clusterings agree perfectly, 0 where they
+    agree no better than a structureless cloud of the data's shape (the raw stability without a null)."""
     raw, null = row.get("stability"), row.get("null_stability")
     if raw is None:
         return None
-    return raw - null if null is not None else raw
+    return raw if null is None else (raw - null) / max(1.0 - null, NULL_FLOOR)
 
 
 def choose_k(
-    table: dict[int, dict[str, float | None]], rule: str = RULE, tolerance: float = STABILITY_TOLERANCE
+    table: dict[int, dict[str, float | None]], rule: str = RULE, constants: StabilityRule = STABILITY_RULE
 ) -> int:
-    """The chosen k. `stability` (the default): the largest k whose stability beyond the null's
-    (`excess`) is within `tolerance` of the best candidate's: a k past the data's structure cuts clusters
-    at random and loses stability, while among equally stable ks the larger keeps more apart (NMI falls
-    faster when clusters merge than when they split). `davies_bouldin` takes the smallest DB,
+    """The chosen k. `stability` (the default): the largest k whose stability beyond the null
+    (`excess`) is within `constants.tolerance` of the best candidate's: a k past the data's structure cuts
+    clusters at random and loses stability, while among equally stable ks the larger keeps more apart
+    (NMI falls faster when clusters merge than when they split). `davies_bouldin` takes the smallest DB,
     `silhouette` the largest simplified silhouette, `calinski_harabasz` the largest CH (ties: the smaller
     k). Candidates a criterion cannot score (fewer than two non-empty clusters) are skipped."""
     name = _criterion(rule)
@@ -372,46 +423,98 @@ def choose_k(
         raise SelectionError("no candidate k could be scored (every candidate has one non-empty cluster)")
     if name == "stability":
         top = max(scored.values())
-        return max(k for k, value in scored.items() if value >= top - tolerance)
+        return max(k for k, value in scored.items() if value >= top - constants.tolerance)
     sign = -1.0 if name == "davies_bouldin" else 1.0
     return -max((sign * value, -k) for k, value in scored.items())[1]
+
+
+def structureless(
+    table: dict[int, dict[str, float | None]], chosen: int, constants: StabilityRule = STABILITY_RULE
+) -> bool:
+    """No candidate is stable beyond the null (best excess <= `weak_below`) or the chosen k beats its null
+    by under `raw_below`: more candidates would not help, so the range is not extended."""
+    scored = [float(v) for row in table.values() if (v := excess(row)) is not None]
+    row = table[chosen]
+    if not scored or max(scored) <= constants.weak_below:
+        return True
+    null = row.get("null_stability")
+    return null is not None and row["stability"] - null < constants.raw_below  # type: ignore[operator]
 
 
 def confidence(
     table: dict[int, dict[str, float | None]],
     chosen: int,
-    tolerance: float = STABILITY_TOLERANCE,
-    weak_below: float = WEAK_STABILITY,
+    constants: StabilityRule = STABILITY_RULE,
+    dominance: float | None = None,
 ) -> dict[str, object]:
     """How sure the choice is, from the stability beyond the null (`excess`) whatever the rule: the chosen
-    k's, the best one's, the ks within `tolerance` of the best (the plateau the data does not decide
-    within), the runner-up ks (the most stable others outside the chosen k's neighbours) and the verdict:
-    `weak` where no candidate is stable beyond its null by `weak_below` (clusterings of the same data
-    disagree as much as those of a structureless cloud of its shape: Gaussian noise, a uniform box),
-    else `strong`."""
+    k's, the best one's, the ks within the tolerance of the best (the plateau the data does not decide
+    within), the runner-up ks (the best others outside the chosen k's neighbours), and the verdict with its
+    reason (`StabilityRule`; `dominance`: the share of the data's spread along its main direction)."""
     scored = {k: float(v) for k, row in table.items() if (v := excess(row)) is not None}
     if not scored:
         return {"verdict": "weak", "why": "no candidate's stability could be measured"}
     top = max(scored.values())
-    plateau = sorted(k for k, v in scored.items() if v >= top - tolerance)
+    plateau = sorted(k for k, v in scored.items() if v >= top - constants.tolerance)
     others = sorted((k for k in scored if abs(k - chosen) > max(1, chosen // 10)), key=lambda k: -scored[k])[
         :2
     ]
-    verdict, why = "strong", f"stability beyond the null {top:.2f} >= {weak_below}"
-    if top < weak_below:
+    row = table[chosen]
+    gain = None if row.get("null_stability") is None else row["stability"] - row["null_stability"]  # type: ignore[operator]
+    # a far larger k about as stable casts doubt (the chosen k may merge clusters); a far smaller one
+    # does not: merging whole separated clusters is as reproducible as finding them (a nested level)
+    rival = max((k for k in scored if k > 2 * chosen), key=lambda k: scored[k], default=None)
+    coarser = sorted(
+        k for k in scored if k < chosen / 2 and scored[k] >= scored[chosen] - constants.tolerance
+    )
+    why = (
+        f"k = {chosen}'s clusterings agree {row.get('stability'):.2f}, "
+        f"{scored.get(chosen, 0.0):.2f} of the way from a structureless cloud of the data's shape to "
+        "full agreement"
+    )
+    verdict = "strong"
+    if top <= constants.weak_below:
+        verdict, why = (
+            "weak",
+            f"no candidate k is stable beyond a structureless cloud of the data's shape (best {top:.2f})",
+        )
+    elif gain is not None and gain < constants.raw_below:
         verdict = "weak"
         why = (
-            f"no candidate k is stable beyond a structureless cloud of the data's shape (best "
-            f"{top:.2f} < {weak_below})"
+            f"k = {chosen}'s clusterings agree {row['stability']:.2f}, a cloud of the data's shape without "
+            f"clusters {row['null_stability']:.2f}: too close to tell structure from shape"
+        )
+    elif (
+        constants.dominant_above is not None
+        and dominance is not None
+        and dominance >= constants.dominant_above
+    ):
+        verdict = "weak"
+        why = (
+            f"one direction holds {dominance:.0%} of the data's spread, so any clustering slices it "
+            "(features on different scales? try scaling = zscore)"
+        )
+    elif (
+        constants.ambiguity is not None
+        and rival is not None
+        and scored[rival] >= scored[chosen] - constants.ambiguity
+    ):
+        verdict = "weak"
+        why = (
+            f"k = {rival} is about as stable ({scored[rival]:.2f} against {scored[chosen]:.2f}): "
+            "structure at two scales"
         )
     return {
         "verdict": verdict,
         "why": why,
-        "stability": table[chosen].get("stability"),
+        "stability": row.get("stability"),
+        "null_stability": row.get("null_stability"),
         "excess": scored.get(chosen),
         "best_excess": top,
         "plateau": [plateau[0], plateau[-1]],
         "runner_up": others,
+        **({"coarser": coarser} if coarser else {}),
+        **({"dominance": round(dominance, 4)} if dominance is not None else {}),
     }
 
 
@@ -437,17 +540,26 @@ class KSearch:
     each client's local centres at n / floor). The server's side of `KChoice` and `select_k`."""
 
     def __init__(
-        self, k_min: int, k_max: int, rule: str = RULE, *, floor: int = 1, extend: bool = True
+        self,
+        k_min: int,
+        k_max: int,
+        rule: str = RULE,
+        *,
+        floor: int = 1,
+        extend: bool = True,
+        constants: StabilityRule = STABILITY_RULE,
     ) -> None:
         check_range(k_min, k_max)
         _criterion(rule)
         self.k_min, self.k_max, self.rule, self.floor, self.extend = k_min, k_max, rule, floor, extend
+        self.constants = constants
         self.requested_max = k_max
         self.table: dict[int, dict[str, float | None]] = {}
         self.candidates: dict[int, np.ndarray] = {}
         self.passes = 0
         self.rows: list[int] = []  # each client's record count (its round-A sizes' sum, as in k-FED)
         self.null: dict[int, float | None] = {}  # this pass's null stability of its candidates
+        self.dominance: float | None = None  # the first pass's share of the spread on the main direction
         self.capped: int | None = None  # the largest k the clients' local centres allow, when below k-max
 
     def pending(self) -> list[int]:
@@ -480,9 +592,23 @@ class KSearch:
         ks = sorted(candidates)
         self.null = {}
         if squares is not None:
-            null = null_rows(centres, sizes, squares, seed + self.passes)
+            if self.dominance is None:
+                self.dominance = dominance(centres, sizes, squares)
+            # structure must beat both clouds: per k, the more stable null
             k_local = self.local_k(len(centres))
-            self.null = null_stability(null, ks, k_local, self.floor, seed + self.passes)
+            nulls = [
+                null_stability(
+                    null_rows(centres, sizes, squares, seed + self.passes, shape=shape),
+                    ks,
+                    k_local,
+                    self.floor,
+                    seed + self.passes,
+                )
+                for shape in NULL_SHAPES
+            ]
+            self.null = {
+                k: max((v for null in nulls if (v := null.get(k)) is not None), default=None) for k in ks
+            }
         return candidates, split_centres(centres, sizes, ks, seed + self.passes)
 
     def take(self, merged: dict[int, CandidateStats], candidates: dict[int, np.ndarray]) -> bool:
@@ -494,10 +620,10 @@ class KSearch:
                 **candidate_criteria(merged[k], candidates[k]),
                 "null_stability": self.null.get(k),
             }
-        chosen = choose_k(self.table, self.rule)
+        chosen = choose_k(self.table, self.rule, self.constants)
         if chosen < max(self.table) or not self.extend or self.capped is not None:
             return False
-        if confidence(self.table, chosen)["verdict"] == "weak":  # no stable k at all: more k will not help
+        if structureless(self.table, chosen, self.constants):  # a cloud: more k would not help
             return False
         # the next pass's union, as the floor caps each client's k' (merges may make it smaller still)
         next_max = self.k_max * EXTEND_FACTOR
@@ -510,8 +636,8 @@ class KSearch:
 
     def selection(self) -> Selection:
         """The outcome of the passes so far, with its confidence and what the range was."""
-        chosen = choose_k(self.table, self.rule)
-        sure = confidence(self.table, chosen)
+        chosen = choose_k(self.table, self.rule, self.constants)
+        sure = confidence(self.table, chosen, self.constants, self.dominance)
         tried = [min(self.table), max(self.table)]
         sure["range"] = tried
         if chosen == tried[1] and sure["verdict"] == "strong":  # a weak choice says its own why

@@ -66,7 +66,7 @@ def _curves(selection: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 def write_selection(out_dir: Path, selection: dict[str, Any]) -> None:
     """tune.json and tune.png (each criterion against k, the chosen k marked, the stability plateau
-    shaded, the verdict in the title) into `out_dir`."""
+    shaded and the null's stability dotted, the verdict in the title) into `out_dir`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,6 +82,13 @@ def write_selection(out_dir: Path, selection: dict[str, Any]) -> None:
             values = [np.nan if row.get(name) is None else row[name] for row in rows]
             axis.plot([row["k"] for row in rows], values, marker=".", label=label or None)
         axis.axvline(chosen, color="tab:red", linestyle="--", label=f"chosen k={chosen}")
+        if name == "stability" and len(_curves(selection)) == 1:  # one table: its null beside it
+            rows = next(iter(_curves(selection).values()))
+            nulls = [np.nan if row.get("null_stability") is None else row["null_stability"] for row in rows]
+            if not np.isnan(nulls).all():
+                axis.plot(
+                    [row["k"] for row in rows], nulls, color="grey", linestyle=":", label="null (no clusters)"
+                )
         if name == "stability" and sure.get("plateau"):
             low, high = sure["plateau"]
             axis.axvspan(low - 0.5, high + 0.5, color="tab:green", alpha=0.12, label="as stable")

@@ -8,7 +8,7 @@ the default search would make is the one on the table's prefix: `simulate`). Eac
 and the NMI of its clustering (every record to its nearest candidate centre: k-FED with the selection's
 local k') are written to `OUT/<name>-<layout>.json`; labels are used only to score.
 
-`--loo` then chooses the stability rule's two constants (`STABILITY_TOLERANCE`, `WEAK_STABILITY`) on all
+`--loo` then chooses the stability rule's constants (`fedapp.maths.selection.StabilityRule`) on all
 datasets but one family and reports that family with them, for every family in turn:
 
     .venv/bin/python -m simulation.bench.selection [--layout iid|unequal] [NAME ...]   # measure
@@ -28,20 +28,19 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
-from fedapp.config.run import parse_run_config
 from fedapp.maths.clustering import nearest_centre
 from fedapp.maths.selection import (
     EXTEND_FACTOR,
-    RULES,
-    STABILITY_TOLERANCE,
-    WEAK_STABILITY,
+    STABILITY_RULE,
     KSearch,
+    StabilityRule,
     candidate_centres,
     candidate_statistics,
     choose_k,
     confidence,
     local_summary,
     merge_statistics,
+    structureless,
 )
 
 FLOOR, SEED = 5, 0
@@ -104,11 +103,6 @@ SYNTHETIC: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
 }
 
 
-def family(name: str) -> str:
-    """Datasets left out together: the scalings of one set are one family."""
-    return name.removesuffix("-zscore")
-
-
 def _split(n: int, clients: int, layout: str) -> np.ndarray:
     """Client of each row: `iid` round robin over a seeded permutation, `unequal` 3 sites of 50/30/20 %."""
     rng = np.random.default_rng(SEED)
@@ -122,6 +116,7 @@ def _rows(name: str, layout: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.
     if name in SYNTHETIC:
         X, y = SYNTHETIC[name]()
         return X, _split(len(y), 10, layout), {"labels": y}
+    from fedapp.config.run import parse_run_config  # registered sets only: the rest needs no Flower
     from simulation.tune import client_rows
 
     method, dataset, scaling = REGISTERED[name]
@@ -150,6 +145,18 @@ def measure(name: str, layout: str = "iid", extend_to: int = 240) -> dict[str, A
     """The full search (extended to `extend_to` as far as the floor allows), every candidate's criteria
     and NMI (x100), and the NMI at each truth's own k."""
     X, owner, truths = _rows(name, layout)
+    return measure_rows(name, layout, X, owner, truths, extend_to)
+
+
+def measure_rows(
+    name: str,
+    layout: str,
+    X: np.ndarray,
+    owner: np.ndarray,
+    truths: dict[str, np.ndarray],
+    extend_to: int = 240,
+) -> dict[str, Any]:
+    """`measure` on rows already read: every record, its client and its truths."""
     parts = [np.asarray(X[owner == c], dtype=np.float64) for c in np.unique(owner)]
     started = time.perf_counter()
     search = KSearch(2, 30, floor=FLOOR)
@@ -192,6 +199,7 @@ def measure(name: str, layout: str = "iid", extend_to: int = 240) -> dict[str, A
         "truths": {t: int(len(np.unique(y))) for t, y in truths.items()},
         "passes": passes,
         "capped": search.capped,
+        "dominance": search.dominance,
         "seconds": round(time.perf_counter() - started, 1),
         "candidates": {str(k): {**search.table[k], "nmi": nmi[k]} for k in sorted(search.table)},
         "true_k_nmi": true_nmi,
@@ -199,20 +207,17 @@ def measure(name: str, layout: str = "iid", extend_to: int = 240) -> dict[str, A
 
 
 # ------------------------------------------------------------------------------------- the rule
-def simulate(
-    result: dict[str, Any], rule: str, tolerance: float, weak_below: float
-) -> tuple[int, str, list[int]]:
+def simulate(result: dict[str, Any], rule: str, constants: StabilityRule) -> tuple[int, str, list[int]]:
     """The (k, verdict, range tried) the default search would reach on this result with these
-    constants: pass after pass, extended while its choice is on top of the range and not weak."""
+    constants: pass after pass, extended while its choice is on top of the range."""
     table = {int(k): row for k, row in result["candidates"].items()}
     top = 30
     while True:
         seen = {k: row for k, row in table.items() if k <= top}
-        chosen = choose_k(seen, rule, tolerance)
-        sure = confidence(seen, chosen, tolerance, weak_below)
+        chosen = choose_k(seen, rule, constants)
         bigger = [k for k in table if k > top]
-        if chosen < max(seen) or sure["verdict"] == "weak" or not bigger:
-            verdict = str(sure["verdict"])
+        if chosen < max(seen) or not bigger or structureless(seen, chosen, constants):
+            verdict = str(confidence(seen, chosen, constants, result.get("dominance"))["verdict"])
             if chosen == max(seen):  # on the edge and not extended further: the search says so
                 verdict = "weak"
             return chosen, verdict, [min(seen), max(seen)]
@@ -226,12 +231,12 @@ def misses(result: dict[str, Any], k: int) -> float | None:
     return min(gaps) if gaps else None
 
 
-def loss(results: list[dict[str, Any]], tolerance: float, weak_below: float) -> float:
+def loss(results: list[dict[str, Any]], constants: StabilityRule) -> float:
     """What the constants are fitted to: a silent miss (> 5 NMI, verdict strong) or a strong verdict on
     data without structure costs 100; each point missed costs 1; a weak verdict on a hit costs 2."""
     total = 0.0
     for result in results:
-        k, verdict, _ = simulate(result, "stability", tolerance, weak_below)
+        k, verdict, _ = simulate(result, "stability", constants)
         miss = misses(result, k)
         if miss is None:
             total += 100.0 if verdict == "strong" else 0.0
@@ -241,44 +246,69 @@ def loss(results: list[dict[str, Any]], tolerance: float, weak_below: float) -> 
     return total
 
 
-TOLERANCES = (0.0, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15)
-WEAK_LEVELS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+GRID = [
+    StabilityRule(tolerance, weak_below, raw_below, ambiguity, dominant_above)
+    for tolerance in (0.0, 0.02, 0.03, 0.05, 0.1)
+    for weak_below in (0.0, 0.2, 0.4)
+    for raw_below in (0.0, 0.1, 0.2, 0.3)
+    for ambiguity in (None, 0.05, 0.1, 0.2)
+    for dominant_above in (None, 0.8, 0.9, 0.95)
+]
 
 
-def fit(results: list[dict[str, Any]]) -> tuple[float, float]:
+def fit(results: list[dict[str, Any]]) -> StabilityRule:
     """The constants with the smallest loss on `results` (ties: the first in grid order)."""
-    return min(((t, w) for t in TOLERANCES for w in WEAK_LEVELS), key=lambda tw: loss(results, *tw))
+    return min(GRID, key=lambda constants: loss(results, constants))
+
+
+def family(name: str) -> str:
+    """Datasets left out together: the scalings of one set, the dimensions of one synthetic generator."""
+    if name.startswith("none-"):
+        return "none-" + name.split("-")[1]
+    if name.startswith("mix-"):
+        return name.rsplit("-", 1)[0]
+    return name.removesuffix("-zscore")
 
 
 def loo_table(results: list[dict[str, Any]]) -> str:
     families = sorted({family(r["name"]) for r in results})
     lines = [
         "| benchmark | true k | n | DB: k (NMI) | silhouette: k (NMI) | constants fitted without it "
-        "| **stability: k (NMI)** | range tried | stability at k | verdict | NMI at true k | miss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| **stability: k (NMI)** | range tried | verdict | NMI at true k | miss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in sorted(results, key=lambda r: (r["name"] in SYNTHETIC, r["name"])):
         others = [r for r in results if family(r["name"]) != family(result["name"])]
-        tolerance, weak_below = fit(others)
-        k, verdict, tried = simulate(result, "stability", tolerance, weak_below)
-        cells = []
-        for rule in ("davies_bouldin", "silhouette"):
-            rk = simulate(result, rule, tolerance, weak_below)[0]
-            cells.append(f"{rk} ({_nmi(result, rk)})")
+        constants = fit(others)
+        k, verdict, tried = simulate(result, "stability", constants)
+        cells = [
+            f"{rk} ({_nmi(result, rk)})"
+            for rk in (simulate(result, rule, constants)[0] for rule in ("davies_bouldin", "silhouette"))
+        ]
         miss = misses(result, k)
         truth = " / ".join(str(v) for v in result["truths"].values())
         true_nmi = " / ".join(f"{v:.1f}" for v in result["true_k_nmi"].values()) or "-"
-        stab = result["candidates"][str(k)]["stability"]
         lines.append(
             f"| {result['name']} | {truth} | {result['n']} | {cells[0]} | {cells[1]} "
-            f"| {tolerance:g}, {weak_below:g} | **{k} ({_nmi(result, k)})** | {tried[0]}..{tried[1]} "
-            f"| {stab:.2f} | {verdict} | {true_nmi} | {'-' if miss is None else f'{miss:+.1f}'} |"
+            f"| {_constants(constants)} | **{k} ({_nmi(result, k)})** | {tried[0]}..{tried[1]} | {verdict} "
+            f"| {true_nmi} "
+            f"| {'-' if miss is None else f'{miss:+.1f}'} |"
         )
-    tolerance, weak_below = fit(results)
-    lines.append(
-        f"\nfitted on all {len(families)} families: tolerance {tolerance:g}, weak below {weak_below:g}"
-    )
+    lines.append(f"\nfitted on all {len(families)} families: {_constants(fit(results))}")
     return "\n".join(lines)
+
+
+def _constants(constants: StabilityRule) -> str:
+    return ", ".join(
+        f"{value}"
+        for value in (
+            constants.tolerance,
+            constants.weak_below,
+            constants.raw_below,
+            constants.ambiguity,
+            constants.dominant_above,
+        )
+    )
 
 
 def _nmi(result: dict[str, Any], k: int) -> str:
@@ -292,19 +322,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loo", action="store_true", help="print the leave-one-dataset-out table")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--extend-to", type=int, default=240)
+    parser.add_argument("--also", type=Path, action="append", default=[], help="--loo: more result folders")
     args = parser.parse_args(argv)
     if args.loo:
-        results = [json.loads(p.read_text()) for p in sorted(args.out.glob(f"*-{args.layout}.json"))]
-        print(loo_table(results))
+        found: dict[str, dict[str, Any]] = {}
+        for folder in (args.out, *args.also):  # a later folder's result of the same set wins
+            for path in sorted(folder.glob(f"*-{args.layout}.json")):
+                result = json.loads(path.read_text())
+                if "dominance" in result:  # measured with the null (older files lack it)
+                    found[result["name"]] = result
+        print(loo_table(list(found.values())))
         print(
-            f"(defaults in fedapp/maths/selection.py: {STABILITY_TOLERANCE}, {WEAK_STABILITY}; rules {RULES})"
+            "(tolerance, weak-below, raw-below, ambiguity, dominant-above; the code's: "
+            f"{_constants(STABILITY_RULE)})"
         )
         return
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.names or [*REGISTERED, *SYNTHETIC]:
         result = measure(name, args.layout, args.extend_to)
         (args.out / f"{name}-{args.layout}.json").write_text(json.dumps(result) + "\n")
-        k, verdict, tried = simulate(result, "stability", STABILITY_TOLERANCE, WEAK_STABILITY)
+        k, verdict, tried = simulate(result, "stability", STABILITY_RULE)
         print(
             f"{name}: k {k} ({_nmi(result, k)}), {verdict}, tried {tried}, true-k NMI "
             f"{result['true_k_nmi']}, {result['seconds']} s",

@@ -38,8 +38,10 @@ def measure(name: str, seed: int = 0) -> str:
     assert data.views is not None and data.y is not None
     true_k = len(set(data.y.tolist()))
     started = time.perf_counter()
-    choices = [select_k([scale_view(view, "none")], 2, 30, seed, FLOOR, RULE)[0].k for view in data.views]
+    selections = [select_k([scale_view(view, "none")], 2, 30, seed, FLOOR, RULE)[0] for view in data.views]
     seconds = time.perf_counter() - started
+    choices = [selection.k for selection in selections]
+    weak = [selection.confidence.get("verdict") != "strong" for selection in selections]
     ordered = sorted(choices)
     rules = {
         "mean": view_consensus(choices),
@@ -48,15 +50,16 @@ def measure(name: str, seed: int = 0) -> str:
     }
     nmi = {k: cefmc_nmi(name, k, len(data.views), seed) for k in {*rules.values(), true_k}}
     cells = " | ".join(f"{k} ({nmi[k]:.1f}, {nmi[k] - nmi[true_k]:+.1f})" for k in rules.values())
-    views = ", ".join(map(str, choices))
+    views = ", ".join(f"{k}{' (weak)' if w else ''}" for k, w in zip(choices, weak, strict=True))
     return f"| {name} | {true_k} | {views} | {cells} | {nmi[true_k]:.1f} | {seconds:.1f} |"
 
 
 def main(names: list[str]) -> None:
     print(
-        "| benchmark | true k | each view's choice (DB) | consensus (CeFMC NMI) | NMI at true k | gap | s |"
+        f"| benchmark | true k | each view's choice ({RULE}) | rounded mean: k (CeFMC NMI, gap) "
+        "| lower median | upper median | NMI at true k | s |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name in names or BENCHMARKS:
         print(measure(name), flush=True)
 
