@@ -28,9 +28,10 @@ Stability alone is fooled by the shape of a cloud without clusters: 2-means spli
 the same way every time. So the server also measures it on **nulls** of the same shape (`null_rows`: a
 Gaussian and a uniform box, each with the union's between-centre covariance plus the clients'
 within-centre spread, from round A's centres, sizes and each client's sum of squared norms), split over
-clients of the same sizes, through the same pipeline, and takes per k the more stable of the two (Tibshirani, Walther & Hastie's gap statistic and Lange et al.'s normalisation do the same
-with a reference distribution). The rule works on the excess, stability minus the null's, so a k is
-chosen for structure the data has beyond its shape; no extra round, the null costs the server's CPU.
+clients of the same sizes, through the same pipeline, and takes per k the more stable of the two
+(Tibshirani, Walther & Hastie's gap statistic and Lange et al.'s normalisation do the same with a
+reference distribution). The rule works on the excess, (s - s0) / (1 - s0), so a k is chosen for
+structure the data has beyond its shape; no extra round, the nulls cost the server's CPU.
 `choose_k` applies the rule (`RULE`); `confidence` says how sure it is.
 """
 
