@@ -326,6 +326,12 @@ class ClusteringStrategy(StrategyHooks, Strategy):
             elif not (self.finished or self.stopped) and self.final_metrics:
                 self.stop_reason = f"max rounds ({self.total_rounds})"
             problems = self.record.losses(self.rounds_run, self.finished, self.final_report.problems)
+            clipped = self.privacy.secagg_clipped  # a console line each round; the summary says it once
+            if clipped:
+                self.warn(
+                    f"SecAgg+ clipped {clipped} uploaded values to +-{self.cfg.secagg_clip:g} over the run "
+                    "(those sums are wrong, not noisy): raise secagg-clip"
+                )
             collapsed = self.record.collapse(self.k, self.privacy.collapse_cause()) if self.clusters else None
             if collapsed:  # however the method stopped, a collapsed result is not a clean run
                 self.warn(collapsed)

@@ -200,3 +200,15 @@ def test_secure_stages_carry_the_plain_stages_config_and_a_stage_nobody_reached_
     strategy.final_report.lost(STAGE_ASSIGN, "SecAgg+ aggregated nothing")
     assert strategy.final_report.problems[STAGE_ASSIGN] == sorted(CIDS)
     assert any("SecAgg+ aggregated nothing" in warning for warning in strategy.warnings)
+
+
+def test_values_secagg_clipped_are_a_warning_in_the_summary(tmp_path: Path) -> None:
+    """SecAgg+ clipping makes a sum wrong, not noisy: a run that clipped says so in summary.json's
+    warnings, not only in the console lines of the rounds that did."""
+    strategy = _plain_report(tmp_path)
+    strategy.privacy.secagg_clipped = 12
+    strategy.finalize()
+    assert any("SecAgg+ clipped 12 uploaded values" in warning for warning in strategy.warnings)
+    clean = _plain_report(tmp_path / "clean")
+    clean.finalize()
+    assert not any("SecAgg+ clipped" in warning for warning in clean.warnings)
