@@ -63,3 +63,17 @@ def test_advice_on_own_texts_writes_nothing_and_one_site_is_answered(
     two = advise(f"csv:{site}", {"num-clients": 2})
     assert two.records == [30, 30] and two.skew is not None and len(two.skew) == 2
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["site.csv", "work"]
+
+
+def test_skew_on_unlabelled_sites_is_measured_at_the_k_a_run_would_choose(tmp_path: Path) -> None:
+    """Site skew depends on k: on three alike unlabelled sites of 3 blobs, a fixed k = 10 cuts each blob
+    into pieces the sites share unevenly; the advice measures at the k a k = 0 run chooses and says so."""
+    from tests.test_own_data import _vector_sites
+
+    _vector_sites(tmp_path)
+    keys = {"num-clients": 3, "id-column": "id"}
+    advice = advise(f"csv:{tmp_path}/site-{{partition-id}}.csv", keys)
+    assert "k = 3 (chosen without labels" in advice.k_used
+    fixed = advise(f"csv:{tmp_path}/site-{{partition-id}}.csv", {**keys, "k": 10})
+    assert advice.skew is not None and fixed.skew is not None and fixed.k_used == "k = 10 (given)"
+    assert max(advice.skew) < SITE_SKEW_WARNING and max(advice.skew) < max(fixed.skew)
