@@ -75,15 +75,17 @@ class StabilityRule:
     chosen one (structure at two scales; a k below k/2 as stable is only reported, `coarser`: merging
     separated clusters is as reproducible as finding them); or where one direction holds
     `dominant_above` of the data's spread (features on different scales: any clustering slices that
-    direction). All were chosen leaving one dataset out (`simulation.bench.selection --loo`,
-    docs/model-selection.md): each benchmark's row there uses the constants fitted on the others; these
-    are the ones fitted on all of them."""
+    direction); or where the ks within `tolerance` of the best reach below `plateau_below` times the
+    chosen k (the data do not decide within that range). All were chosen leaving one dataset out
+    (`simulation.bench.selection --loo`, docs/model-selection.md): each benchmark's row there uses the
+    constants fitted on the others; these are the ones fitted on all of them."""
 
     tolerance: float = 0.03
     weak_below: float = 0.0
     raw_below: float = 0.2
     ambiguity: float | None = 0.1
     dominant_above: float | None = 0.9
+    plateau_below: float | None = None
 
 
 STABILITY_RULE = StabilityRule()
@@ -504,6 +506,12 @@ def confidence(
         why = (
             f"k = {rival} is about as stable ({scored[rival]:.2f} against {scored[chosen]:.2f}): "
             "structure at two scales"
+        )
+    elif constants.plateau_below is not None and plateau[0] < constants.plateau_below * chosen:
+        verdict = "weak"
+        why = (
+            f"every k from {plateau[0]} to {plateau[-1]} is about as stable (within {constants.tolerance:g} "
+            f"of the best): the data do not decide within that range"
         )
     return {
         "verdict": verdict,

@@ -234,34 +234,43 @@ def misses(result: dict[str, Any], k: int) -> float | None:
 def loss(results: list[dict[str, Any]], constants: StabilityRule) -> float:
     """What the constants are fitted to: a silent miss (> 5 NMI, verdict strong) or a strong verdict on
     data without structure costs 100; each point missed costs 1; a weak verdict on a hit costs 2."""
-    total = 0.0
-    for result in results:
-        k, verdict, _ = simulate(result, "stability", constants)
-        miss = misses(result, k)
-        if miss is None:
-            total += 100.0 if verdict == "strong" else 0.0
-            continue
-        total += max(miss, 0.0) + (100.0 if miss > 5 and verdict == "strong" else 0.0)
-        total += 2.0 if verdict == "weak" and miss <= 5 else 0.0
-    return total
+    return sum(_loss_one(result, constants) for result in results)
+
+
+def _loss_one(result: dict[str, Any], constants: StabilityRule) -> float:
+    k, verdict, _ = simulate(result, "stability", constants)
+    miss = misses(result, k)
+    if miss is None:
+        return 100.0 if verdict == "strong" else 0.0
+    silent = 100.0 if miss > 5 and verdict == "strong" else 0.0
+    return max(miss, 0.0) + silent + (2.0 if verdict == "weak" and miss <= 5 else 0.0)
 
 
 # each verdict check from its most cautious setting (the most weak verdicts) to off, so that among
 # constants the other benchmarks cannot tell apart the fit keeps a check a left-out benchmark may need
 GRID = [
-    StabilityRule(tolerance, weak_below, raw_below, ambiguity, dominant_above)
+    StabilityRule(tolerance, weak_below, raw_below, ambiguity, dominant_above, plateau_below)
     for tolerance in (0.0, 0.02, 0.03, 0.05, 0.1)
     for weak_below in (0.4, 0.2, 0.0)
     for raw_below in (0.3, 0.2, 0.1, 0.0)
     for ambiguity in (0.2, 0.1, 0.05, None)
     for dominant_above in (0.8, 0.9, 0.95, None)
+    for plateau_below in (0.8, 0.67, 0.5, None)
 ]
 
 
-def fit(results: list[dict[str, Any]]) -> StabilityRule:
+def fit(results: list[dict[str, Any]], table: dict[str, np.ndarray] | None = None) -> StabilityRule:
     """The constants with the smallest loss on `results`; ties: the first in grid order, the most
-    cautious (a weak verdict on a benchmark left out costs 2 points, a silent miss 100)."""
-    return min(GRID, key=lambda constants: loss(results, constants))
+    cautious (a weak verdict on a benchmark left out costs 2 points, a silent miss 100). `table`: each
+    result's loss for every grid entry, by name (`loss_table`), when already computed."""
+    table = table or loss_table(results)
+    total = np.sum([table[result["name"]] for result in results], axis=0)
+    return GRID[int(np.argmin(total))]  # argmin: the first of equal totals
+
+
+def loss_table(results: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Each result's loss under every constants of GRID (a fit leaving any set out only adds rows)."""
+    return {result["name"]: np.array([_loss_one(result, c) for c in GRID]) for result in results}
 
 
 def family(name: str) -> str:
@@ -280,9 +289,10 @@ def loo_table(results: list[dict[str, Any]]) -> str:
         "| **stability: k (NMI)** | range tried | verdict | NMI at true k | miss |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    losses = loss_table(results)
     for result in sorted(results, key=lambda r: (r["name"] in SYNTHETIC, r["name"])):
         others = [r for r in results if family(r["name"]) != family(result["name"])]
-        constants = fit(others)
+        constants = fit(others, losses)
         k, verdict, tried = simulate(result, "stability", constants)
         cells = [
             f"{rk} ({_nmi(result, rk)})"
@@ -297,7 +307,7 @@ def loo_table(results: list[dict[str, Any]]) -> str:
             f"| {true_nmi} "
             f"| {'-' if miss is None else f'{miss:+.1f}'} |"
         )
-    lines.append(f"\nfitted on all {len(families)} families: {_constants(fit(results))}")
+    lines.append(f"\nfitted on all {len(families)} families: {_constants(fit(results, losses))}")
     return "\n".join(lines)
 
 
@@ -310,6 +320,7 @@ def _constants(constants: StabilityRule) -> str:
             constants.raw_below,
             constants.ambiguity,
             constants.dominant_above,
+            constants.plateau_below,
         )
     )
 
@@ -336,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
                     found[result["name"]] = result
         print(loo_table(list(found.values())))
         print(
-            "(tolerance, weak-below, raw-below, ambiguity, dominant-above; the code's: "
+            "(tolerance, weak-below, raw-below, ambiguity, dominant-above, plateau-below; the code's: "
             f"{_constants(STABILITY_RULE)})"
         )
         return
