@@ -81,11 +81,11 @@ class StabilityRule:
     constants fitted on the others; these are the ones fitted on all of them."""
 
     tolerance: float = 0.03
-    weak_below: float = 0.0
-    raw_below: float = 0.2
-    ambiguity: float | None = 0.1
-    dominant_above: float | None = 0.9
-    plateau_below: float | None = None
+    weak_below: float = 0.2
+    raw_below: float = 0.0
+    ambiguity: float | None = 0.2
+    dominant_above: float | None = 0.8
+    plateau_below: float | None = 0.67
 
 
 STABILITY_RULE = StabilityRule()
