@@ -195,6 +195,20 @@ def split_centres(
 NULL_SHAPES = ("gauss", "box")
 
 
+def _cloud(
+    centres: Sequence[np.ndarray], sizes: Sequence[np.ndarray], squares: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The federation's shape from round A: (mean, singular values and principal axes of the size-weighted
+    between-centre spread, the within-centre spread per record: sum ||x||^2 - sum n_j ||c_j||^2, over n)."""
+    union, weights = _union(centres, sizes)
+    n = float(weights.sum())
+    mean = weights @ union / n
+    factor = np.sqrt(weights / n)[:, None] * (union - mean)  # factor.T @ factor = between-centre covariance
+    _, singular, axes = np.linalg.svd(factor, full_matrices=False)
+    within = max(float(np.sum(squares)) - float(weights @ (union**2).sum(1)), 0.0) / n
+    return mean, singular, axes, within
+
+
 def null_rows(
     centres: Sequence[np.ndarray],
     sizes: Sequence[np.ndarray],
@@ -211,13 +225,8 @@ def null_rows(
     W = sum ||x||^2 - sum n_j ||c_j||^2, spread evenly over the dimensions."""
     if shape not in NULL_SHAPES:
         raise SelectionError(f"unknown null shape {shape!r}; one of {', '.join(NULL_SHAPES)}")
-    union, weights = _union(centres, sizes)
-    n = float(weights.sum())
-    mean = weights @ union / n
-    factor = np.sqrt(weights / n)[:, None] * (union - mean)  # factor.T @ factor = between-centre covariance
-    _, singular, axes = np.linalg.svd(factor, full_matrices=False)
-    within = max(float(np.sum(squares)) - float(weights @ (union**2).sum(1)), 0.0)
-    spread = np.sqrt(within / (n * union.shape[1]))
+    mean, singular, axes, within = _cloud(centres, sizes, squares)
+    spread = np.sqrt(within / mean.shape[0])
     rng = np.random.default_rng([seed, 0x0B, NULL_SHAPES.index(shape)])
     rows = [int(np.sum(s)) for s in sizes]
     take = [max(1, int(round(r * min(1.0, limit / sum(rows))))) for r in rows]
@@ -229,7 +238,7 @@ def null_rows(
     out = []
     for count in take:
         draws = (unit((count, len(singular))) * singular) @ axes
-        out.append(mean + draws + spread * unit((count, union.shape[1])))
+        out.append(mean + draws + spread * unit((count, mean.shape[0])))
     return out
 
 
@@ -237,16 +246,11 @@ def dominance(centres: Sequence[np.ndarray], sizes: Sequence[np.ndarray], square
     """The share of the data's spread along its main direction, in the null's covariance (`null_rows`):
     near 1 when one feature's scale dwarfs the others' (raw sizes beside ratios), where any clustering
     slices that one direction."""
-    union, weights = _union(centres, sizes)
-    n = float(weights.sum())
-    mean = weights @ union / n
-    factor = np.sqrt(weights / n)[:, None] * (union - mean)
-    within = max(float(np.sum(squares)) - float(weights @ (union**2).sum(1)), 0.0) / n  # trace, spread evenly
-    between = np.linalg.svd(factor, compute_uv=False) ** 2
+    mean, singular, _, within = _cloud(centres, sizes, squares)  # within: a trace, spread evenly
+    between = singular**2
     total = float(between.sum()) + within
-    return (
-        0.0 if total <= 0 else float((between[0] if between.size else 0.0) + within / union.shape[1]) / total
-    )
+    main = float(between[0]) if between.size else 0.0
+    return 0.0 if total <= 0 else (main + within / mean.shape[0]) / total
 
 
 def null_stability(
