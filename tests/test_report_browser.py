@@ -13,19 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from simulation.bench.report_pages import FLAGS
 from tests.pages import SITES, blank_fraction, run_inprocess, site_records, write_marked_sites
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = [  # what Chromium needs here: headless, no sandbox as root, and nothing of its own on the network
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 VIEWPORT = {"width": 1200, "height": 900}
 
 pytestmark = pytest.mark.skipif(

@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -29,7 +30,7 @@ from fedapp.launch.resolve import build_overrides
 from fedapp.report.pages.run import build_run_report
 from simulation.runner import execute
 
-FLAGS = [
+FLAGS = [  # what Chromium needs here: headless, no sandbox as root, and nothing of its own on the network
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -39,6 +40,15 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+def launch(playwright: Any, profile: str, chromium: str, viewport: dict[str, int]) -> Any:
+    """Debian's Chromium through Playwright with FLAGS, in its own profile folder."""
+    return playwright.chromium.launch_persistent_context(
+        profile, executable_path=chromium, args=FLAGS, headless=True, viewport=viewport
+    )
+
+
 TIMING = """async () => {
   await new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));  // painted
   const nav = performance.getEntriesByType("navigation")[0];
@@ -75,13 +85,7 @@ def render_times(chromium: str, pages: list[Path], loads: int) -> dict[str, dict
     found: dict[str, dict[str, float]] = {}
     try:
         with sync_playwright() as playwright:
-            context = playwright.chromium.launch_persistent_context(
-                profile,
-                executable_path=chromium,
-                args=FLAGS,
-                headless=True,
-                viewport={"width": 1200, "height": 900},
-            )
+            context = launch(playwright, profile, chromium, {"width": 1200, "height": 900})
             for path in pages:
                 samples = []
                 for _ in range(loads):
@@ -124,13 +128,7 @@ def screenshots(chromium: str, folder: Path, scratch: Path) -> list[str]:
     profile = tempfile.mkdtemp(prefix="fedapp-bench-")
     try:
         with sync_playwright() as playwright:
-            context = playwright.chromium.launch_persistent_context(
-                profile,
-                executable_path=chromium,
-                args=FLAGS,
-                headless=True,
-                viewport={"width": 1100, "height": 940},
-            )
+            context = launch(playwright, profile, chromium, {"width": 1100, "height": 940})
             for page_file, picture, anchor in shots:
                 page = context.new_page()
                 page.goto(page_file.resolve().as_uri(), wait_until="load")
