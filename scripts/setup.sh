@@ -16,9 +16,16 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $PYTHON"
   "$PYTHON" -m venv .venv
 fi
+PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# uv installs the same pinned set several times faster (parallel, hard links from its cache: ~30 s instead
+# of ~5 min for torch's CUDA wheels); pip does it where uv cannot be had (FEDAPP_PIP=1 asks for pip)
+INSTALL=("${PIP[@]}")
+if [ -z "${FEDAPP_PIP:-}" ] && { [ -x .venv/bin/uv ] || "${PIP[@]}" "${PIN[@]}" uv 2>/dev/null; }; then
+  INSTALL=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python)
+fi
 # torch first and pinned: flwr's and sentence-transformers' requirements would otherwise pull a newer build.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" "torch==2.14.1" "torchvision==0.29.1"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "${PIN[@]}" -e ".[torch,dev,track]"
+"${INSTALL[@]}" "${PIN[@]}" "torch==2.14.1" "torchvision==0.29.1"
+"${INSTALL[@]}" "${PIN[@]}" -e ".[torch,dev,track]"
 # CI: Debian's Chromium for the report pages' browser test (tests/test_report_browser.py; it skips without)
 if [ "${CI:-}" = true ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
