@@ -128,13 +128,15 @@ def _log_tail(log_path: Path, lines: int = 25) -> str:
 
 
 def _run_inprocess(run: ResolvedRun, log_path: Path, phase: RunPhase, *, quiet: bool) -> None:
-    from fedapp.app.client_app import client_fn
-    from fedapp.app.inprocess import run_inprocess
-    from fedapp.app.server_app import server_fn
+    from fedapp.app import client_app, server_app
+    from fedapp.app.inprocess import run_inprocess, run_messages_inprocess
 
     phase.set("in round 1")
     with flower_log_to_file(log_path, quiet=quiet, on_line=phase.see):
-        run_inprocess(server_fn, client_fn, run, run.config.num_clients)
+        if run.config.secagg:  # SecAgg+ is Flower's message layer: the apps themselves, over a DirectGrid
+            run_messages_inprocess(server_app.main, client_app.app, run, run.config.num_clients)
+        else:
+            run_inprocess(server_app.server_fn, client_app.client_fn, run, run.config.num_clients)
 
 
 @contextmanager

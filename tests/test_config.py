@@ -238,10 +238,42 @@ def test_secagg_only_for_methods_that_sum() -> None:
     assert parse_run_config({"method": "ffcm", "secagg": True}).secagg
 
 
-def test_secagg_needs_the_flower_engine(tmp_path: Path) -> None:
+def test_secagg_in_process_runs_flowers_secagg_stages_over_the_direct_grid(tmp_path: Path) -> None:
+    """The in-process engine runs SecAgg+ with the ServerApp and ClientApp themselves: each fit round is
+    the workflow's four exchanges (its equality with Ray's runtime: tests/test_e2e_flower.py)."""
+    import json
+
     from fedapp.launch.resolve import build_overrides
     from simulation.runner import execute
 
-    overrides = build_overrides({"method": "ffcm", "secagg": True, "num-clients": 3}, tmp_path)
-    with pytest.raises(ConfigError, match="secagg=true needs --engine flwr"):
-        execute(overrides, engine="inprocess")
+    keys = {"method": "ffcm", "secagg": True, "num-clients": 3, "num-rounds": 2, "secagg-max-weight": 1000}
+    summary = execute(build_overrides(keys, tmp_path), engine="inprocess", quiet=True)
+    assert summary["status"] == "completed" and summary["config"]["secagg"] is True
+    wire = json.loads((tmp_path / "wire_bytes.json").read_text())
+    assert wire["2"]["train"]["messages"] == 4 * 3 and wire["2"]["evaluate"]["messages"] == 3
+
+
+def test_the_direct_grid_answers_a_raising_client_app_with_an_error_reply() -> None:
+    """As Flower's runtime does: the server sees an error reply naming the exception, the run goes on."""
+    from flwr.app import Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.common import Context
+    from flwr.common.constant import ErrorCode
+
+    from fedapp.app.inprocess import DirectGrid
+
+    def fails(message: Message, context: Context) -> Message:
+        raise ValueError("no data on this node")
+
+    def echoes(message: Message, context: Context) -> Message:
+        return Message(message.content, reply_to=message)
+
+    contexts = {1: Context(run_id=0, node_id=1, node_config={}, state=RecordDict(), run_config={})}
+    for app, fine in ((ClientApp(), False), (ClientApp(), True)):
+        app._call = echoes if fine else fails  # a raw message handler, as ClientApp(mods=...) wraps one
+        grid = DirectGrid(app, contexts)
+        (reply,) = grid.send_and_receive([grid.create_message(RecordDict(), "train", 1, "1")])
+        assert reply.has_error() is not fine
+        if not fine:
+            assert reply.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+            assert "no data on this node" in reply.error.reason

@@ -113,13 +113,13 @@ def test_labelled_sites_with_k_0_keep_the_classes(tmp_path: Path) -> None:
 
 
 def test_a_run_under_secagg_chooses_the_same_k_and_model_from_secure_totals(tmp_path: Path) -> None:
-    """SecAgg+ needs Flower's runtime (Ray): round A plain, round B masked; the same choice of k, and
-    `select = best`'s candidate sums masked too."""
+    """Round A plain, round B masked by SecAgg+ (Flower's message layer, in process): the same choice of
+    k, and `select = best`'s candidate sums masked too."""
     _vector_sites(tmp_path)
     keys = {"num-clients": 3, "seed": 0, "method": "ffcm", "dataset": _spec(tmp_path), "k": 0, **KEYS}
     plain = _run(tmp_path / "plain", **{key: v for key, v in keys.items() if key != "num-clients"})
     overrides = build_overrides({**keys, "secagg": True, "secagg-max-weight": 1000}, tmp_path / "secure")
-    secure = execute(overrides, engine="flwr", quiet=True)
+    secure = execute(overrides, engine="inprocess", quiet=True)
     assert secure["status"] in ("completed", "converged"), secure["status_reason"]
     assert secure["k_selection"]["chosen_k"] == plain["k_selection"]["chosen_k"] == secure["k"] == 3
     assert "secagg" in secure["k_selection"] and "secagg" not in plain["k_selection"]

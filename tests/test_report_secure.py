@@ -2,8 +2,9 @@
 as totals, and give the plain report's metrics within SecAgg+'s quantisation tolerance.
 
 The maths is checked with SecAgg+'s own arithmetic (`tests.test_secagg.secagg_average`); the e2e runs
-compare a secure Ray run with the plain run of the same keys (`--engine inprocess` gives the plain
-run's numbers, tested elsewhere) and check on the wire that the report sent no evaluate message.
+compare a secure run (Flower's SecAgg+ over the in-process DirectGrid, equal to Ray's:
+tests/test_e2e_flower.py) with the plain run of the same keys and check on the wire that the report sent
+no evaluate message.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def test_secure_report_reply_carries_no_clients_statistics_in_the_clear() -> Non
 # ----------------------------------------------------------------------------------- end to end
 def _run(out_dir: Path, keys: dict[str, Any], *, secagg: bool) -> dict[str, Any]:
     overrides = build_overrides({"secagg-max-weight": MAX_WEIGHT, **keys, "secagg": secagg}, out_dir)
-    summary = execute(overrides, engine="flwr" if secagg else "inprocess", quiet=True)
+    summary = execute(overrides, engine="inprocess", quiet=True)  # SecAgg+ over a DirectGrid
     assert summary["status"] in ("completed", "converged"), summary["status_reason"]
     assert summary.get("secagg_clipped", 0) == 0
     return summary

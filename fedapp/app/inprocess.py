@@ -2,18 +2,22 @@
 
 It runs the very same `server_fn`/`client_fn` (strategy and NumPyClient classes, `Parameters` bytes,
 per-node `Context` with persistent `state`) as `flwr run`, minus Ray and the network, so that seed sweeps
-and tests take seconds instead of minutes. Use `flwr run` (simulation or deployment) for anything that
-must exercise Flower's runtime.
+and tests take seconds instead of minutes. Under SecAgg+ (`secagg`), whose protocol lives in Flower's
+message layer (a server workflow and a client mod), it runs the ServerApp and the ClientApp themselves over
+`DirectGrid`. Use `flwr run` (simulation or deployment) for anything that must exercise Flower's runtime.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from flwr.app import Error, Message
 from flwr.client import Client
+from flwr.clientapp import ClientApp
 from flwr.common import (
     Context,
     DisconnectRes,
@@ -28,10 +32,15 @@ from flwr.common import (
     ReconnectIns,
     RecordDict,
 )
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.server import ServerAppComponents
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.history import History
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
 
 from fedapp.app.server_loop import FedappServer, late
 from fedapp.datasets import PARTITION_PLACEHOLDER
@@ -91,6 +100,101 @@ class InProcessClientProxy(ClientProxy):
         return DisconnectRes(reason="")
 
 
+class DirectGrid(Grid):
+    """A Grid that hands each message to its node's ClientApp in this process, one node after another,
+    through Flower's wire format both ways (protobuf, as the SuperLink stores a message); a ClientApp that
+    raises answers with an error reply, as in Flower's runtime."""
+
+    def __init__(self, client_app: ClientApp, contexts: Mapping[int, Context]) -> None:
+        # the identity the runtime gives a ServerApp process (a Message takes its sender from it)
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 0, SUPERLINK_NODE_ID
+        self.client_app = client_app
+        self.contexts = dict(contexts)  # node id -> the node's Context, its `state` kept across messages
+        self._run = Run.create_empty(run_id=0)
+        self.replies: dict[str, Message] = {}  # instruction id -> its reply, until pulled
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(  # type: ignore[override]
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            delivered = message_from_proto(message_to_proto(message))
+            try:
+                reply = self.client_app(delivered, self.contexts[message.metadata.dst_node_id])
+            except Exception as exc:  # the runtime's error reply (flwr's vce_api worker)
+                reason = f"{type(exc)}:<'{exc}'>"
+                reply = Message(
+                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=delivered
+                )
+            reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            self.replies[message.metadata.message_id] = message_from_proto(message_to_proto(reply))
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self.replies.pop(i) for i in message_ids if i in self.replies]
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        return self.pull_messages(list(self.push_messages(messages)))
+
+
+def _node_contexts(run_config: Mapping[str, Any], num_clients: int) -> dict[int, Context]:
+    """Each node's Context (node id = partition id + 1), as a SuperNode's `--node-config` gives it."""
+    out_dir = str(run_config.get("out-dir") or "") or str(
+        default_out_dir(
+            str(run_config.get("method")), str(run_config.get("dataset")), int(run_config.get("seed", 0))
+        )
+    )
+    node_out = str(run_config.get("node-out-dir") or "") or str(
+        Path(out_dir) / "nodes" / PARTITION_PLACEHOLDER
+    )
+    return {
+        pid + 1: Context(
+            run_id=0,
+            node_id=pid + 1,
+            node_config={"partition-id": pid, "num-partitions": num_clients, "node-out-dir": node_out},
+            state=RecordDict(),
+            run_config=dict(run_config),
+        )
+        for pid in range(num_clients)
+    }
+
+
+def run_messages_inprocess(
+    server_main: Callable[[Grid, Context], None],
+    client_app: ClientApp,
+    run_config: Mapping[str, Any],
+    num_clients: int,
+) -> None:
+    """Run the ServerApp's `main` against the ClientApp over a `DirectGrid`: Flower's message layer (the
+    SecAgg+ workflow and client mod) without Ray or a network."""
+    server_context = Context(
+        run_id=0, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=dict(run_config)
+    )
+    server_main(DirectGrid(client_app, _node_contexts(run_config, num_clients)), server_context)
+
+
 def run_inprocess(
     server_fn: Callable[[Context], ServerAppComponents],
     client_fn: Callable[[Context], Client],
@@ -103,23 +207,8 @@ def run_inprocess(
     )
     components = server_fn(server_context)
     manager = SimpleClientManager()
-    out_dir = str(run_config.get("out-dir") or "") or str(
-        default_out_dir(
-            str(run_config.get("method")), str(run_config.get("dataset")), int(run_config.get("seed", 0))
-        )
-    )
-    node_out = str(run_config.get("node-out-dir") or "") or str(
-        Path(out_dir) / "nodes" / PARTITION_PLACEHOLDER
-    )
-    for pid in range(num_clients):
-        context = Context(
-            run_id=0,
-            node_id=pid + 1,
-            node_config={"partition-id": pid, "num-partitions": num_clients, "node-out-dir": node_out},
-            state=RecordDict(),
-            run_config=dict(run_config),
-        )
-        manager.register(InProcessClientProxy(f"node-{pid:04d}", client_fn, context))
+    for node_id, context in _node_contexts(run_config, num_clients).items():
+        manager.register(InProcessClientProxy(f"node-{node_id - 1:04d}", client_fn, context))
     # max_workers=1: clients run one after another, like Ray on one CPU; results are order-independent.
     strategy = components.server.strategy if components.server is not None else components.strategy
     server = FedappServer(client_manager=manager, strategy=strategy)

@@ -143,8 +143,6 @@ def validate(
     check_dependencies(cfg.method)  # a torch method in a base install: before anything else is read
     if resources.ray_address and engine == "inprocess":
         raise ConfigError("--ray-address needs --engine flwr: the in-process engine runs without Ray")
-    if cfg.secagg and engine == "inprocess":
-        raise ConfigError("secagg=true needs --engine flwr: Flower's SecAgg+ runs on its message runtime")
     resources.validate()
     if cfg.device == "cuda" and cuda_device_count() == 0:
         raise ConfigError("run-config device='cuda' but no CUDA GPU is visible on this machine")
