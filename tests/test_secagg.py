@@ -454,19 +454,26 @@ def test_counting_grid_counts_content_bytes_per_round_and_skips_error_replies() 
     inner = MagicMock()
     content = RecordDict({"arrays": ArrayRecord({"x": Array(np.zeros(100))})})
 
-    def message(group: str, has_content: bool = True) -> MagicMock:
+    def message(group: str, has_content: bool = True, reply_to: str = "") -> MagicMock:
         msg = MagicMock()
         msg.metadata.group_id, msg.metadata.message_type = group, "train"
+        msg.metadata.reply_to_message_id = reply_to
         msg.has_content.return_value = has_content
         msg.content = content if has_content else None
         return msg
 
-    inner.send_and_receive.return_value = [message("2"), message("2", has_content=False)]
+    inner.push_messages.return_value = ["a", "b"]
+    # the replies come over two pulls: the grid pulls again for the one still missing
+    inner.pull_messages.side_effect = [[message("2", reply_to="a")], [message("2", False, reply_to="b")]]
     grid = CountingGrid(inner)
     replies = grid.send_and_receive([message("2"), message("2")], timeout=1.0)
-    assert len(list(replies)) == 2
+    assert len(list(replies)) == 2 and inner.pull_messages.call_count == 2
     counted = grid.per_round()["2"]["train"]
     assert counted["messages"] == 2 and counted["down"] == 2 * counted["up"] > 800  # 100 float64s each
+    # nothing comes back: the grid gives up at the timeout with what it has
+    inner.pull_messages.side_effect = None
+    inner.pull_messages.return_value = []
+    assert list(grid.send_and_receive([message("3")], timeout=0.05)) == []
 
 
 def test_secure_specs_drop_clear_arrays_and_relax_dtypes() -> None:

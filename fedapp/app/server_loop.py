@@ -409,8 +409,20 @@ class CountingGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        messages = self._count(self.down, messages, sent=True)
-        return self._count(self.up, self.inner.send_and_receive(messages, timeout=timeout))
+        """Push, then pull the replies as `exchange` does until all came or `timeout` passed (SecAgg+'s
+        stages): the deployment's grid waits a fixed 3 s between pulls (flwr 1.42's http_grid)."""
+        pending = set(self.push_messages(messages))
+        started = time.monotonic()
+        replies: list[Message] = []
+        while pending:
+            got = list(self.pull_messages(pending))
+            replies += got
+            pending -= {reply.metadata.reply_to_message_id for reply in got}
+            waited = time.monotonic() - started
+            if not pending or (timeout is not None and waited >= timeout):
+                break
+            time.sleep(min(max(PULL_INTERVAL_FRACTION * waited, MIN_PULL_INTERVAL_S), MAX_PULL_INTERVAL_S))
+        return replies
 
     def _count(
         self, counter: Counter[tuple[str, str]], messages: Iterable[Message], sent: bool = False
