@@ -170,7 +170,7 @@ def test_numpy_methods_never_import_torch(tmp_path: Path) -> None:
         _assert_clustered(tmp_path / method)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.install
 def test_a_base_install_runs_the_numpy_methods_and_refuses_ccfc(tmp_path: Path) -> None:
     """`pip install .` (no extra, under constraints.txt) into a fresh venv: the six NumPy methods run end to

@@ -83,21 +83,7 @@ def _until_round(process: subprocess.Popen[str], number: int) -> list[str]:
     raise AssertionError("".join(seen[-20:]))
 
 
-@pytest.mark.slow
-def test_sigterm_gives_status_interrupted_with_the_signal(tmp_path: Path) -> None:
-    process = _runner(tmp_path)
-    _until_round(process, 2)
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["status_reason"].startswith(
-        "interrupted by SIGTERM"
-    )
-    assert output.strip().splitlines()[-1] == f"status: interrupted ({summary['status_reason']})"
-
-
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_lost_superlink_gives_failed_superlink_connection_lost(tmp_path: Path) -> None:
     process = _runner(tmp_path)
     _until_round(process, 2)
@@ -130,7 +116,8 @@ def _read(path: Path) -> bytes:
         return b""
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.slow  # the duplicate-partition check above (same strategy code), in a loopback deployment
 def test_a_deployment_with_two_supernodes_claiming_partition_1_ends_naming_the_duplicate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -88,7 +88,7 @@ def test_a_vertical_federation_keeps_a_broken_views_last_reply_and_says_whose(
     assert summary["stale_views"]  # the views that did not answer are represented by their last reply
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_injected_faults_in_a_ray_simulation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     faults = "nan@1:2,double@1:3,raise-fit@2:3,raise-evaluate@0:4"
     summary = _run(tmp_path, "flwr", faults, monkeypatch, **FFCM, **{"num-clients": 3, "num-rounds": 5})
@@ -100,7 +100,7 @@ def test_injected_faults_in_a_ray_simulation(tmp_path: Path, monkeypatch: pytest
     assert summary["evaluation_failures"][0].startswith("partition-id 0: InjectedFaultError")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_injected_faults_in_a_loopback_deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import deploy.run_local as run_local
 

@@ -70,7 +70,7 @@ def test_a_summary_marked_before_the_server_wrote_one_names_signal_and_phase(tmp
     assert kept is not None and kept["status"] == "interrupted"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_while_the_federation_starts_is_recorded_and_leaves_no_process(
     tmp_path: Path, sig: signal.Signals

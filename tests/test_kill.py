@@ -16,7 +16,7 @@ import pytest
 from fedapp.launch.processes import RUN_TOKEN_ENV, child_environment, processes_with_token
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 LIMIT_S = 15
 
 

@@ -73,6 +73,7 @@ def ray_cluster() -> Iterator[str]:
         assert report.clean, report.describe()
 
 
+@pytest.mark.e2e
 def test_clients_run_on_both_nodes_of_a_ray_cluster(ray_cluster: str, tmp_path: Path) -> None:
     """8 FFCM clients on a two-node cluster: both nodes ran clients (summary.json `ray_nodes`), and the
     metrics are those of the same run without Ray (the in-process engine, which the Ray simulation on one
