@@ -13,7 +13,7 @@ if [ "${1:-}" = "--all" ]; then
   shift
 fi
 status=0  # a failing test still gets its coverage reported; the script then exits with pytest's code
-.venv/bin/coverage run -m pytest -q -p no:randomly -n "${FEDAPP_TEST_WORKERS:-2}" --dist loadfile -m "$MARKS" "$@" \
+.venv/bin/coverage run -m pytest -q -p no:randomly -n "${FEDAPP_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder -m "$MARKS" "$@" \
   || status=$?
 .venv/bin/coverage combine -q .coverage-data
 .venv/bin/coverage report --format=total >/dev/null  # fails when nothing was measured

@@ -13,4 +13,4 @@ if [ "${1:-}" = "--all" ]; then
   MARKS="not install"
   shift
 fi
-.venv/bin/python -m pytest -q -n "${FEDAPP_TEST_WORKERS:-2}" --dist loadfile --durations=15 -m "$MARKS" "$@"
+.venv/bin/python -m pytest -q -n "${FEDAPP_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=15 -m "$MARKS" "$@"

@@ -25,7 +25,7 @@ def text_embedding_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with end-to-end runs first (a stable sort; the rest keep their order): pytest-xdist's
-    `--dist loadfile` hands files out in this order, so the long ones start early and the short ones fill
-    the gaps, instead of one long file running alone at the end."""
+    `--dist loadfile --no-loadscope-reorder` (scripts/test.sh) hands files out in this order, so the long
+    ones start early and the short ones fill the gaps, instead of one long file running alone at the end."""
     heavy = {item.path for item in items if item.get_closest_marker("e2e")}
     items.sort(key=lambda item: item.path not in heavy)
