@@ -213,3 +213,25 @@ def test_an_interrupted_in_process_run_exits_130_with_the_rounds_it_ran(
     assert run > evaluated > 0
     assert f"({run} round(s) run, {evaluated} evaluated)" in summary["status_reason"]
     assert capsys.readouterr().err.splitlines()[-1] == f"status: interrupted ({summary['status_reason']})"
+
+
+def test_an_interrupt_does_not_wait_for_a_clients_training_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM mid-round held a CLINC150 FSTC run for minutes: the exit joined the round's client threads.
+    Here client 1 is 12 s late in round 1; the interrupt at 2 s must not wait for it."""
+    from simulation.__main__ import main
+
+    monkeypatch.setenv("FEDAPP_FAULTS", "late@1:1")
+    argv = ["run", "--engine", "inprocess", "--method", "ffcm", "--dataset", "digits", "--clients", "2"]
+    argv += ["--rounds", "3", "--set", "round-timeout=10", "--out", str(tmp_path)]
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM))
+    started = time.monotonic()
+    timer.start()
+    try:
+        assert main(argv) == 128 + signal.SIGTERM
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 10.0  # the late client would hold it past 12 s
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["phase"] == "in round 1"

@@ -10,6 +10,7 @@ message layer (a server workflow and a client mod), it runs the ServerApp and th
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -44,9 +45,11 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedapp.app.server_loop import FedappServer, late
 from fedapp.datasets import PARTITION_PLACEHOLDER
+from fedapp.launch.processes import INTERRUPTED
 from fedapp.report.records import default_out_dir
 
 Reply = TypeVar("Reply", FitRes, EvaluateRes)
+STOP_POLL_S = 0.2  # how often a wait for a client's reply looks for an interrupt
 
 
 class InProcessClientProxy(ClientProxy):
@@ -76,9 +79,8 @@ class InProcessClientProxy(ClientProxy):
 
     def _within(self, timeout: float | None, call: Callable[[], Reply]) -> Reply:
         """`call`'s reply, or the round timeout's failure when it takes longer (the call runs on in a
-        daemon thread and its late reply is dropped, as a SuperLink drops one)."""
-        if timeout is None:
-            return call()
+        daemon thread and its late reply is dropped, as a SuperLink drops one). An interrupt of the entry
+        point (`INTERRUPTED`) ends the wait at once: the exit does not wait for a round's training."""
         outcome: list[Reply | BaseException] = []
 
         def run() -> None:
@@ -89,9 +91,16 @@ class InProcessClientProxy(ClientProxy):
 
         worker = threading.Thread(target=run, name=f"client-{self.cid}", daemon=True)
         worker.start()
-        worker.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while worker.is_alive() and not INTERRUPTED.is_set():
+            left = STOP_POLL_S if deadline is None else min(STOP_POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                break
+            worker.join(left)
+        if not outcome and INTERRUPTED.is_set():
+            raise RuntimeError(f"client {self.cid}: the run was interrupted")
         if not outcome:
-            raise late(self.cid, timeout)
+            raise late(self.cid, timeout or 0.0)
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         return outcome[0]

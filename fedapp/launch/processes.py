@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -239,6 +240,10 @@ def report_interrupt(exc: Interrupted, out: Path | None) -> int:
     return exc.exit_code
 
 
+INTERRUPTED = threading.Event()  # set by `interruptible`'s handler: work waiting on other threads (the
+# in-process engine's clients, `fedapp.app.inprocess`) stops waiting, so the exit is not held up by them
+
+
 @contextmanager
 def interruptible() -> Iterator[None]:
     """Turn SIGINT and SIGTERM into `Interrupted` for the duration (so cleanup code runs), then restore.
@@ -249,12 +254,15 @@ def interruptible() -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+        INTERRUPTED.set()
         raise Interrupted(signum)
 
+    INTERRUPTED.clear()
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
+        INTERRUPTED.clear()  # what waited on it has ended with the block
         for sig, old in previous.items():
             signal.signal(sig, old)
 
