@@ -467,56 +467,19 @@ def confidence(
         :2
     ]
     row = table[chosen]
-    gain = None if row.get("null_stability") is None else row["stability"] - row["null_stability"]  # type: ignore[operator]
     # a far larger k about as stable casts doubt (the chosen k may merge clusters); a far smaller one
     # does not: merging whole separated clusters is as reproducible as finding them (a nested level)
     rival = max((k for k in scored if k > 2 * chosen), key=lambda k: scored[k], default=None)
     coarser = sorted(
         k for k in scored if k < chosen / 2 and scored[k] >= scored[chosen] - constants.tolerance
     )
-    why = (
+    weakness = _weakness(scored, chosen, row, plateau, rival, constants, dominance)
+    verdict = "strong" if weakness is None else "weak"
+    why = weakness or (
         f"k = {chosen}'s clusterings agree {row.get('stability'):.2f}, "
         f"{scored.get(chosen, 0.0):.2f} of the way from a structureless cloud of the data's shape to "
         "full agreement"
     )
-    verdict = "strong"
-    if top <= constants.weak_below:
-        verdict, why = (
-            "weak",
-            f"no candidate k is stable beyond a structureless cloud of the data's shape (best {top:.2f})",
-        )
-    elif gain is not None and gain < constants.raw_below:
-        verdict = "weak"
-        why = (
-            f"k = {chosen}'s clusterings agree {row['stability']:.2f}, a cloud of the data's shape without "
-            f"clusters {row['null_stability']:.2f}: too close to tell structure from shape"
-        )
-    elif (
-        constants.dominant_above is not None
-        and dominance is not None
-        and dominance >= constants.dominant_above
-    ):
-        verdict = "weak"
-        why = (
-            f"one direction holds {dominance:.0%} of the data's spread, so any clustering slices it "
-            "(features on different scales? try scaling = zscore)"
-        )
-    elif (
-        constants.ambiguity is not None
-        and rival is not None
-        and scored[rival] >= scored[chosen] - constants.ambiguity
-    ):
-        verdict = "weak"
-        why = (
-            f"k = {rival} is about as stable ({scored[rival]:.2f} against {scored[chosen]:.2f}): "
-            "structure at two scales"
-        )
-    elif constants.plateau_below is not None and plateau[0] < constants.plateau_below * chosen:
-        verdict = "weak"
-        why = (
-            f"every k from {plateau[0]} to {plateau[-1]} is about as stable (within {constants.tolerance:g} "
-            f"of the best): the data do not decide within that range"
-        )
     return {
         "verdict": verdict,
         "why": why,
@@ -529,6 +492,51 @@ def confidence(
         **({"coarser": coarser} if coarser else {}),
         **({"dominance": round(dominance, 4)} if dominance is not None else {}),
     }
+
+
+def _weakness(
+    scored: dict[int, float],
+    chosen: int,
+    row: dict[str, float | None],
+    plateau: list[int],
+    rival: int | None,
+    constants: StabilityRule,
+    dominance: float | None,
+) -> str | None:
+    """Why the choice is weak (`StabilityRule`'s checks, the first that holds), or None: strong."""
+    top = max(scored.values())
+    gain = None if row.get("null_stability") is None else row["stability"] - row["null_stability"]  # type: ignore[operator]
+    if top <= constants.weak_below:
+        return f"no candidate k is stable beyond a structureless cloud of the data's shape (best {top:.2f})"
+    if gain is not None and gain < constants.raw_below:
+        return (
+            f"k = {chosen}'s clusterings agree {row['stability']:.2f}, a cloud of the data's shape without "
+            f"clusters {row['null_stability']:.2f}: too close to tell structure from shape"
+        )
+    if (
+        constants.dominant_above is not None
+        and dominance is not None
+        and dominance >= constants.dominant_above
+    ):
+        return (
+            f"one direction holds {dominance:.0%} of the data's spread, so any clustering slices it "
+            "(features on different scales? try scaling = zscore)"
+        )
+    if (
+        constants.ambiguity is not None
+        and rival is not None
+        and scored[rival] >= scored[chosen] - constants.ambiguity
+    ):
+        return (
+            f"k = {rival} is about as stable ({scored[rival]:.2f} against {scored[chosen]:.2f}): "
+            "structure at two scales"
+        )
+    if constants.plateau_below is not None and plateau[0] < constants.plateau_below * chosen:
+        return (
+            f"every k from {plateau[0]} to {plateau[-1]} is about as stable (within {constants.tolerance:g} "
+            f"of the best): the data do not decide within that range"
+        )
+    return None
 
 
 @dataclass(frozen=True)
