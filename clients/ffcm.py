@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.common import NDArrays, Scalar
-from sklearn.cluster import kmeans_plusplus
 
 from clients.base import ClusteringClient
 from fedapp.maths.chunks import row_chunks
@@ -87,6 +86,8 @@ def local_fcm(
     if len(X) <= INIT_SAMPLE:  # once, not per iteration and chunk (and k-means++ is faster); a larger X
         X = np.asarray(X, dtype=np.float64)  # (`local-iters` > 1 on a mapped file) converts chunk by chunk
     if centres is None:
+        from sklearn.cluster import kmeans_plusplus  # lazily: `fedapp.maths.clustering` says why
+
         centres, _ = kmeans_plusplus(X, n_clusters=min(k, X.shape[0]), random_state=seed)
     for _ in range(iters):
         sums, mass = membership_sums(X, centres, m)

@@ -5,6 +5,8 @@ them; deploy/ never imports simulation/ (what both need lives in fedapp/launch/)
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,14 @@ def test_registered_classes_live_in_their_folders() -> None:
         if spec.federated:
             assert spec.strategy is not None and spec.strategy.startswith("strategies.")
             assert spec.client is not None and spec.client.startswith("clients.")
+
+
+def test_the_client_app_imports_no_scikit_learn_until_a_message_needs_it() -> None:
+    """A deployment starts one ClientApp process per message: scikit-learn's import (~1 s, scipy.stats
+    with it) is paid only by a message that clusters (`fedapp.maths.clustering.kmeans` imports it)."""
+    probe = "import sys, fedapp.app.client_app; print(sorted(m for m in sys.modules if m[:7] == 'sklearn'))"
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "[]"

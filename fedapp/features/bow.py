@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-from sklearn.preprocessing import normalize
 
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # scikit-learn's default: runs of 2+ word characters
 
@@ -63,6 +61,9 @@ class Tokenizer:
         if isinstance(self.stop_words, str):
             if self.stop_words != "english":
                 raise BowError(f"stop_words must be 'english', None or a collection, got {self.stop_words!r}")
+            # lazily, as `fedapp.maths.clustering` imports scikit-learn (why there)
+            from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
             stop = frozenset(ENGLISH_STOP_WORDS)
         else:
             stop = frozenset(self.stop_words or ())
@@ -241,5 +242,7 @@ def tfidf_matrix(
         raise BowError(f"idf has shape {idf.shape}, expected ({counts.shape[1]},) for the vocabulary")
     if norm not in ("l2", "l1", None):
         raise BowError(f"norm must be 'l2', 'l1' or None, got {norm!r}")
+    from sklearn.preprocessing import normalize  # lazily: `fedapp.maths.clustering` says why
+
     weighted = scipy.sparse.csr_matrix(counts @ scipy.sparse.diags(idf))
     return weighted if norm is None else normalize(weighted, norm=norm)  # all-zero rows stay zero
