@@ -277,3 +277,32 @@ def test_the_direct_grid_answers_a_raising_client_app_with_an_error_reply() -> N
         if not fine:
             assert reply.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
             assert "no data on this node" in reply.error.reason
+
+
+def test_the_direct_grid_gives_no_reply_for_a_client_app_past_the_round_timeout() -> None:
+    """As a SuperLink does for a lost SuperNode: the server's wait ends, the other nodes answer."""
+    import time
+
+    from flwr.app import Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.common import Context
+
+    from fedapp.app.inprocess import DirectGrid
+
+    def answers(message: Message, context: Context) -> Message:
+        if context.node_id == 1:
+            time.sleep(5.0)
+        return Message(message.content, reply_to=message)
+
+    app = ClientApp()
+    app._call = answers  # a raw message handler, as ClientApp(mods=...) wraps one
+    contexts = {
+        node: Context(run_id=0, node_id=node, node_config={}, state=RecordDict(), run_config={})
+        for node in (1, 2)
+    }
+    grid = DirectGrid(app, contexts, timeout=0.5)
+    started = time.monotonic()
+    messages = [grid.create_message(RecordDict(), "train", node, "1") for node in (1, 2)]
+    replies = list(grid.send_and_receive(messages))
+    assert time.monotonic() - started < 4.0  # not the sleeping node's 5 s
+    assert [reply.metadata.src_node_id for reply in replies] == [2]

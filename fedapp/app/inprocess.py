@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,7 +50,33 @@ from fedapp.launch.processes import INTERRUPTED
 from fedapp.report.records import default_out_dir
 
 Reply = TypeVar("Reply", FitRes, EvaluateRes)
+Result = TypeVar("Result")
 STOP_POLL_S = 0.2  # how often a wait for a client's reply looks for an interrupt
+
+
+def run_within(call: Callable[[], Result], timeout: float | None, name: str) -> list[Result | BaseException]:
+    """Run `call` on a daemon thread and wait at most `timeout` seconds (None: no limit): [its result or
+    its exception], or [] when it overran (it runs on; what it returns is dropped). An interrupt of the
+    entry point (`INTERRUPTED`) ends the wait at once, so the exit does not wait for a round's training."""
+    outcome: list[Result | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # handed to the caller as the client's failure
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, name=name, daemon=True)
+    worker.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while worker.is_alive() and not INTERRUPTED.is_set():
+        left = STOP_POLL_S if deadline is None else min(STOP_POLL_S, deadline - time.monotonic())
+        if left <= 0:
+            break
+        worker.join(left)
+    if not outcome and INTERRUPTED.is_set():
+        raise RuntimeError(f"{name}: the run was interrupted")
+    return outcome
 
 
 class InProcessClientProxy(ClientProxy):
@@ -78,27 +105,9 @@ class InProcessClientProxy(ClientProxy):
         return self._within(timeout, lambda: self.client_fn(self.context).evaluate(ins))
 
     def _within(self, timeout: float | None, call: Callable[[], Reply]) -> Reply:
-        """`call`'s reply, or the round timeout's failure when it takes longer (the call runs on in a
-        daemon thread and its late reply is dropped, as a SuperLink drops one). An interrupt of the entry
-        point (`INTERRUPTED`) ends the wait at once: the exit does not wait for a round's training."""
-        outcome: list[Reply | BaseException] = []
-
-        def run() -> None:
-            try:
-                outcome.append(call())
-            except BaseException as exc:  # handed to the server loop as the client's failure
-                outcome.append(exc)
-
-        worker = threading.Thread(target=run, name=f"client-{self.cid}", daemon=True)
-        worker.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while worker.is_alive() and not INTERRUPTED.is_set():
-            left = STOP_POLL_S if deadline is None else min(STOP_POLL_S, deadline - time.monotonic())
-            if left <= 0:
-                break
-            worker.join(left)
-        if not outcome and INTERRUPTED.is_set():
-            raise RuntimeError(f"client {self.cid}: the run was interrupted")
+        """`call`'s reply, or the round timeout's failure when it takes longer (its late reply is
+        dropped, as a SuperLink drops one)."""
+        outcome = run_within(call, timeout, f"client {self.cid}")
         if not outcome:
             raise late(self.cid, timeout or 0.0)
         if isinstance(outcome[0], BaseException):
@@ -112,9 +121,13 @@ class InProcessClientProxy(ClientProxy):
 class DirectGrid(Grid):
     """A Grid that hands each message to its node's ClientApp in this process, one node after another,
     through Flower's wire format both ways (protobuf, as the SuperLink stores a message); a ClientApp that
-    raises answers with an error reply, as in Flower's runtime."""
+    raises answers with an error reply, as in Flower's runtime, and one that takes longer than `timeout`
+    seconds (the run's `round-timeout`; None: no limit) gets no reply, as a lost SuperNode."""
 
-    def __init__(self, client_app: ClientApp, contexts: Mapping[int, Context]) -> None:
+    def __init__(
+        self, client_app: ClientApp, contexts: Mapping[int, Context], timeout: float | None = None
+    ) -> None:
+        self.timeout = timeout
         # the identity the runtime gives a ServerApp process (a Message takes its sender from it)
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 0, SUPERLINK_NODE_ID
         self.client_app = client_app
@@ -147,16 +160,22 @@ class DirectGrid(Grid):
         for message in messages:
             message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             delivered = message_from_proto(message_to_proto(message))
-            try:
-                reply = self.client_app(delivered, self.contexts[message.metadata.dst_node_id])
-            except Exception as exc:  # the runtime's error reply (flwr's vce_api worker)
-                reason = f"{type(exc)}:<'{exc}'>"
+            node = message.metadata.dst_node_id
+            ids.append(message.metadata.message_id)
+            call = partial(
+                self.client_app, delivered, self.contexts[node]
+            )  # bound now: it may outlive the loop
+            outcome = run_within(call, self.timeout, f"node {node}")
+            if not outcome:  # overran the round timeout: the server sees no reply
+                continue
+            reply = outcome[0]
+            if isinstance(reply, BaseException):  # the runtime's error reply (flwr's vce_api worker)
+                reason = f"{type(reply)}:<'{reply}'>"
                 reply = Message(
                     Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=delivered
                 )
             reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             self.replies[message.metadata.message_id] = message_from_proto(message_to_proto(reply))
-            ids.append(message.metadata.message_id)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -201,7 +220,8 @@ def run_messages_inprocess(
     server_context = Context(
         run_id=0, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=dict(run_config)
     )
-    server_main(DirectGrid(client_app, _node_contexts(run_config, num_clients)), server_context)
+    timeout = float(run_config.get("round-timeout") or 0.0) or None
+    server_main(DirectGrid(client_app, _node_contexts(run_config, num_clients), timeout), server_context)
 
 
 def run_inprocess(
