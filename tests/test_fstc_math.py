@@ -322,3 +322,16 @@ def test_relocate_empty_moves_empty_clusters_beside_the_largest_so_lloyd_splits_
     assert relocate_empty(centres, np.zeros(3), seed=1)[1] == 0  # nothing to split
     again, _ = relocate_empty(centres, counts, seed=1)
     np.testing.assert_array_equal(again, moved)  # seeded
+
+
+@pytest.mark.parametrize("scale", [5.0, 200.0])
+def test_sinkhorn_matches_the_plain_log_domain_iteration(scale: float) -> None:
+    """The matrix-vector Sinkhorn gives the former logsumexp iteration's plan: on confident scores (5)
+    by its fast path, on scores whose potentials leave float64's range (200) by its exact fallback."""
+    from simulation.bench.sinkhorn import head_scores, reference_log_plan
+
+    log_probs = head_scores(600, 40, scale)
+    reference, iterations = reference_log_plan(log_probs, 0.1, max_iters=300)
+    result = sinkhorn_log_plan(log_probs, 0.1, max_iters=300)
+    assert result.iterations == iterations
+    assert torch.allclose(result.log_plan, reference, rtol=0.0, atol=1e-8)
