@@ -109,7 +109,7 @@ class InProcessClientProxy(ClientProxy):
         dropped, as a SuperLink drops one)."""
         outcome = run_within(call, timeout, f"client {self.cid}")
         if not outcome:
-            raise late(self.cid, timeout or 0.0)
+            raise late(self.cid, timeout)
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         return outcome[0]
@@ -162,9 +162,8 @@ class DirectGrid(Grid):
             delivered = message_from_proto(message_to_proto(message))
             node = message.metadata.dst_node_id
             ids.append(message.metadata.message_id)
-            call = partial(
-                self.client_app, delivered, self.contexts[node]
-            )  # bound now: it may outlive the loop
+            # bound now: a call that overruns the timeout outlives this loop iteration
+            call = partial(self.client_app, delivered, self.contexts[node])
             outcome = run_within(call, self.timeout, f"node {node}")
             if not outcome:  # overran the round timeout: the server sees no reply
                 continue

@@ -257,7 +257,6 @@ def interruptible() -> Iterator[None]:
         INTERRUPTED.set()
         raise Interrupted(signum)
 
-    INTERRUPTED.clear()
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
