@@ -26,6 +26,9 @@ fi
 # torch first and pinned: flwr's and sentence-transformers' requirements would otherwise pull a newer build.
 "${INSTALL[@]}" "${PIN[@]}" "torch==2.14.1" "torchvision==0.29.1"
 "${INSTALL[@]}" "${PIN[@]}" -e ".[torch,dev,track]"
+# Our packages compiled as well (uv compiles only what it installs): where PYTHONDONTWRITEBYTECODE is set, as
+# on this CI machine, every process would otherwise compile them again, and a deployment starts one per message
+.venv/bin/python -m compileall -q -j 0 fedapp clients strategies simulation deploy >/dev/null
 # CI: Debian's Chromium for the report pages' browser test (tests/test_report_browser.py; it skips without)
 if [ "${CI:-}" = true ] && ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \

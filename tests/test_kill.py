@@ -60,8 +60,8 @@ def test_sigkill_of_the_entry_point_leaves_no_process_and_no_flwr_home(
         text=True,
     )
     assert process.stdout is not None
-    for line in process.stdout:  # until the federation is really running
-        if line.startswith("round 2/"):
+    for line in process.stdout:  # until the federation is really running: its first round has ended
+        if line.startswith("round 1/"):
             break
     token, home = child_environment(process.pid, RUN_TOKEN_ENV), child_environment(process.pid, "FLWR_HOME")
     assert token and home and Path(home).is_dir() and processes_with_token(token)

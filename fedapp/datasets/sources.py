@@ -43,16 +43,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from logging import INFO
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 from flwr.common.logger import log
-from PIL import Image
 
 from fedapp.datasets.common import Dataset, DatasetError, build
+
+if TYPE_CHECKING:  # pandas, pyarrow and Pillow load where a file is read: the demo data needs none
+    import pandas as pd
 
 SOURCE_PREFIXES = ("csv:", "tsv:", "jsonl:", "parquet:", "npy:", "npz:", "images:")
 SOURCE_DESCRIPTIONS = {
@@ -74,7 +73,6 @@ _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 _NPZ_FEATURES = ("x", "X", "features")
 _NPZ_LABELS = ("y", "labels")
 _GREY_MODES = ("1", "L", "LA", "La")  # and 16-bit greyscale, "I;16..."
-_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 _NPZ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 _NAN_WORDS = ("nan", "+nan", "-nan")  # written by NumPy and Python; pandas does not parse them
 _LISTED_COLUMNS = 20  # longer column lists are cut in messages, which must stay one line
@@ -238,6 +236,8 @@ def _first_line(path: Path) -> tuple[int, str]:
 
 
 def _read_delimited(path: Path, prefix: str) -> _Table:
+    import pandas as pd
+
     text = _decode_utf8(path)
     # Every cell as its exact text ("" when empty): ids and texts stay as written, numbers are parsed
     # here so that a bad cell can be named.
@@ -264,6 +264,8 @@ def _json_record(line: str, number: int, path: Path) -> dict[str, Any]:
 
 
 def _read_jsonl(path: Path) -> _Table:
+    import pandas as pd
+
     records, lines = [], []
     for number, line in enumerate(_decode_utf8(path).split("\n"), start=1):
         if not line.strip():
@@ -277,6 +279,9 @@ def _read_jsonl(path: Path) -> _Table:
 
 
 def _read_parquet(path: Path) -> _Table:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         table = pq.read_table(path)
     except (OSError, ValueError, pa.ArrowException) as exc:
@@ -305,6 +310,10 @@ def _read_table(path: Path, prefix: str) -> _Table:
 def _table_names(path: Path, prefix: str) -> list[str]:
     """A table's column names, reading as little as the format allows: the Parquet schema, the CSV/TSV
     header line, the first JSONL record."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     _require_file(path, prefix)
     if prefix == "parquet:":
         try:
@@ -398,6 +407,8 @@ def _check_unique_ids(ids: list[str], path: Path, where: Callable[[int], str]) -
 
 def _labels(series: pd.Series, path: Path, where: Callable[[int], str], column: str) -> np.ndarray:
     """Labels as numbers when every one parses as a number (integers stay integers), else as strings."""
+    import pandas as pd
+
     row = _first(_missing(series))
     if row is not None:
         raise DatasetError(f"{path}: {where(row)}, column '{column}': missing label")
@@ -411,6 +422,8 @@ def _labels(series: pd.Series, path: Path, where: Callable[[int], str], column: 
 def _parsed_numbers(series: pd.Series) -> np.ndarray:
     """A column as float64 (float32 if stored so: half the memory at scale), NaN where a cell is missing
     or not a number."""
+    import pandas as pd
+
     if series.dtype == np.float32:
         return series.to_numpy(np.float32, na_value=np.nan)
     if series.dtype.kind in "iuf":
@@ -599,6 +612,8 @@ def _npz_member(archive: Any, key: str, path: Path) -> np.ndarray:
 
 def _npz_vector(archive: Any, key: str, n: int, path: Path) -> pd.Series:
     """A 1-D member of length N (labels or ids), as a Series of its values."""
+    import pandas as pd
+
     array = _npz_member(archive, key, path)
     if array.ndim != 1 or len(array) != n or array.dtype.kind not in "biufUS":
         raise DatasetError(
@@ -663,27 +678,33 @@ def _image_files(folder: Path) -> list[tuple[str, Path]]:
 
 
 def _image_header(file: Path) -> tuple[str, tuple[int, int]]:
+    from PIL import Image
+
     try:
         with Image.open(file) as image:
             return image.mode, image.size
-    except _IMAGE_ERRORS as exc:
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise DatasetError(f"{file}: not a readable image: {_one_line(exc)}") from exc
 
 
 def _image_pixels(file: Path, mode: str) -> np.ndarray:
     """One image as uint8 H x W x C in `mode` ("L" or "RGB"); 16-bit greyscale keeps its high byte."""
+    from PIL import Image
+
     try:
         with Image.open(file) as image:
             if image.mode.startswith("I;16"):
                 high_bytes = (np.asarray(image, np.uint16) >> 8).astype(np.uint8)
                 image = Image.fromarray(high_bytes, "L")
             pixels = np.asarray(image.convert(mode))
-    except _IMAGE_ERRORS as exc:
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise DatasetError(f"{file}: not a readable image: {_one_line(exc)}") from exc
     return pixels.reshape(*pixels.shape[:2], -1)
 
 
 def _read_images(name: str, folder: Path) -> Dataset:
+    import pandas as pd
+
     _require_folder(folder)
     files = _image_files(folder)
     if not files:

@@ -27,17 +27,18 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
 
 from fedapp.datasets import sources as src
 from fedapp.datasets.common import Dataset, DatasetError, build
 from fedapp.private_files import owner_only_fd
+
+if TYPE_CHECKING:  # pandas and pyarrow load where a file is streamed: the demo data needs neither
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 STREAMED_PREFIXES = ("csv:", "tsv:", "parquet:", "npy:")
 STREAM_ABOVE_BYTES = 64 << 20  # smaller files are read whole, as before (one parse shared with the preflight)
@@ -187,6 +188,8 @@ class _Labels:
         self.numbers: list[np.ndarray] = []
 
     def add(self, series: pd.Series, batch: src._Table, column: str) -> None:
+        import pandas as pd
+
         row = src._first(src._missing(series))
         if row is not None:
             raise DatasetError(f"{batch.path}: {batch.where(row)}, column '{column}': missing label")
@@ -225,10 +228,14 @@ def _batch_rows(columns: int) -> int:
 def _release_arrow_memory() -> None:
     """Hand the Arrow pool's freed blocks back to the system: its allocator keeps them otherwise, and a
     parse's batches would stay counted against the process after it (RSS, `ulimit -d`)."""
+    import pyarrow as pa
+
     pa.default_memory_pool().release_unused()
 
 
 def _column_of(path: Path, batch: pa.RecordBatch) -> Callable[[str], pd.Series]:
+    import pyarrow as pa
+
     def column(name: str) -> pd.Series:
         try:
             return batch.column(name).to_pandas()
@@ -239,6 +246,9 @@ def _column_of(path: Path, batch: pa.RecordBatch) -> Callable[[str], pd.Series]:
 
 
 def _parquet_file(path: Path) -> pq.ParquetFile:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:  # no pre-buffering, buffered column reads: the Arrow pool's peak is about a row group's pages
         return pq.ParquetFile(path, pre_buffer=False, buffer_size=_COLUMN_BUFFER)
     except (OSError, ValueError, pa.ArrowException) as exc:
@@ -246,6 +256,8 @@ def _parquet_file(path: Path) -> pq.ParquetFile:
 
 
 def _parquet_batches(path: Path, needed: list[str]) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+
     rows = _batch_rows(len(needed))
     batches = _parquet_file(path).iter_batches(batch_size=rows, columns=needed, use_threads=False)
     while True:
@@ -260,6 +272,9 @@ def _parquet_batches(path: Path, needed: list[str]) -> Iterator[pa.RecordBatch]:
 
 def _csv_batches(path: Path, prefix: str, needed: list[str]) -> Iterator[pa.RecordBatch]:
     """CSV/TSV rows as text cells ("" when empty), as `sources._read_delimited` reads them."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
     header_line, _ = src._first_line(path)
     names = src._table_names(path, prefix)
     tsv = prefix == "tsv:"
