@@ -95,13 +95,14 @@ def test_a_secure_deployment_refuses_a_stranger_names_faulty_clients_and_a_kille
     fifth SuperNode whose key was never registered is refused; in round 2 one client's reply has a wrong
     shape (rejected, named), one raises in fit (named, not asked again), one raises in evaluate (named), and
     the fourth SuperNode is SIGKILLed (its round waits for Flower's heartbeat, at most the round timeout, and
-    the node is not asked again); the run completes with the others, status degraded (exit code 3), and
+    the node is not asked again: the final report asks the other two); the run completes with the others,
+    status degraded (exit code 3), and
     every process the script started is gone afterwards. The fault table (every method, every fault) is
     docs/faults.md's; tests/test_injected_faults.py checks each fault in-process and in Ray."""
     timeout = 60  # first rounds (process start-up, imports) must never hit it, even on a loaded machine
     out = tmp_path / "killed"
     command = [sys.executable, "deploy/run_local.py", "--method", "ffcm", "--dataset", "digits"]
-    command += ["--clients", "4", "--rounds", "3", "--set", "ffcm.delta=0", "--set", "eval-every=1"]
+    command += ["--clients", "4", "--rounds", "2", "--set", "ffcm.delta=0", "--set", "eval-every=1"]
     command += ["--set", f"round-timeout={timeout}", "--tls", "--auth", "--unregistered-nodes", "1"]
     faults = {FAULTS_ENV: "shape@1:2,raise-fit@2:2,raise-evaluate@0:2"}
     process = subprocess.Popen(
@@ -127,7 +128,7 @@ def test_a_secure_deployment_refuses_a_stranger_names_faulty_clients_and_a_kille
     assert code == 3, "".join(lines[-30:])
     assert "(TLS, SuperNode auth)" in output and "unregistered SuperNode 4: refused" in output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "degraded" and summary["rounds"] == 3 and summary["metrics"]["nmi"] > 0.6
+    assert summary["status"] == "degraded" and summary["rounds"] == 2 and summary["metrics"]["nmi"] > 0.6
     assert summary["rejections"] == [
         "partition-id 1: reply rejected: 'sums' has shape (9, 64), expected (10, 64)"
     ]
@@ -136,13 +137,11 @@ def test_a_secure_deployment_refuses_a_stranger_names_faulty_clients_and_a_kille
     assert lost.startswith("partition-id 3: "), lost  # Flower's "Node Unavailable", or the round timeout
     assert summary["evaluation_failures"][0].startswith("partition-id 0: InjectedFaultError")
     failed = {int(r): rec["failed"] for r, rec in summary["participation"].items() if rec["failed"]}
-    assert list(failed) == [2] and len(failed[2]) == 2, failed  # round 2 only: later rounds skip both
-    assert len(summary["participation"]["3"]["accepted"]) == 2 and len(summary["excluded_clients"]) == 2
-    assert summary["report"]["assigned_rows"].keys() == {"0", "1"}  # the report: the two still asked
+    assert list(failed) == [2] and len(failed[2]) == 2 and len(summary["excluded_clients"]) == 2, failed
+    assert summary["report"]["assigned_rows"].keys() == {"0", "1"}  # the report asks only the two left
     seconds = {int(line.split()[1].split("/")[0]): float(line.split("|")[1].split()[0]) for line in lines
                if line.startswith("round ")}  # fmt: skip
-    normal = min(seconds[1], seconds[3])  # a round without the kill
-    assert seconds[2] - normal < 2 * timeout, seconds  # the kill cost <= 2 x timeout
+    assert seconds[2] - seconds[1] < 2 * timeout, seconds  # the kill cost <= 2 x timeout
     pids = json.loads((out / "deploy-pids.json").read_text())
     assert len(pids) == 6  # SuperLink + 4 SuperNodes + the refused one
     assert all(_is_gone(pid) for pid in pids.values()), pids
