@@ -6,11 +6,28 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 # two workers (pytest-xdist), one test file each at a time: every run has its own ports, FLWR_HOME and
-# folders; FEDAPP_TEST_WORKERS=0 runs them in this process, one after another
+# folders; FEDAPP_TEST_WORKERS=0 runs every test in this process, one after another
 # --all adds the `slow` tests (an end-to-end path re-proved with another method or setting)
 MARKS="not install and not slow"
 if [ "${1:-}" = "--all" ]; then
   MARKS="not install"
   shift
 fi
-.venv/bin/python -m pytest -q -n "${FEDAPP_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=15 -m "$MARKS" "$@"
+WORKERS=${FEDAPP_TEST_WORKERS:-2}
+if [ "$WORKERS" = 0 ]; then
+  exec .venv/bin/python -m pytest -q --durations=15 -m "$MARKS" "$@"
+fi
+# The loopback deployments (marker `deployment`) mostly wait on Flower's polls and heartbeats (seconds per
+# message): they run one after another in a process of their own beside the workers, who keep the CPUs
+# busy meanwhile; their output follows the workers'. Both runs must pass.
+LOG=$(mktemp "${TMPDIR:-/tmp}/fedapp-deployments.XXXXXX")
+trap 'kill "$deployments" 2>/dev/null; rm -f "$LOG"' EXIT
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 -m "deployment and $MARKS" "$@" >"$LOG" 2>&1 &
+deployments=$!
+status=0
+.venv/bin/python -m pytest -q -n "$WORKERS" --dist loadfile --no-loadscope-reorder --durations=15 \
+  -m "not deployment and $MARKS" "$@" || { code=$?; [ "$code" = 5 ] || status=$code; }
+wait "$deployments" || { code=$?; [ "$code" = 5 ] || status=$code; }  # 5: none selected (paths given)
+echo "--- loopback deployments (a process of their own) ---"
+cat "$LOG"
+exit "$status"

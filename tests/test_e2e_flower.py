@@ -88,6 +88,7 @@ def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -
     assert output.strip().splitlines()[-1] == f"status: interrupted ({summary['status_reason']})"
 
 
+@pytest.mark.deployment
 def test_a_secure_deployment_refuses_a_stranger_names_faulty_clients_and_a_killed_supernode_costs_one_round(
     tmp_path: Path,
 ) -> None:

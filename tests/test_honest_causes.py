@@ -117,6 +117,7 @@ def _read(path: Path) -> bytes:
 
 
 @pytest.mark.e2e
+@pytest.mark.deployment
 @pytest.mark.slow  # the duplicate-partition check above (same strategy code), in a loopback deployment
 def test_a_deployment_with_two_supernodes_claiming_partition_1_ends_naming_the_duplicate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -36,7 +36,10 @@ def _alive(pids: list[int]) -> list[int]:
     "command",
     [
         ["-m", "simulation", "run", "--method", "ffcm", "--dataset", "digits", "--clients", "3"],
-        ["deploy/run_local.py", "--method", "ffcm", "--dataset", "digits", "--clients", "2"],
+        pytest.param(
+            ["deploy/run_local.py", "--method", "ffcm", "--dataset", "digits", "--clients", "2"],
+            marks=pytest.mark.deployment,
+        ),
     ],
     ids=["simulation", "deployment"],
 )
