@@ -21,7 +21,7 @@ fi
 # message): they run one after another in a process of their own beside the workers, who keep the CPUs
 # busy meanwhile; their output follows the workers'. Both runs must pass.
 LOG=$(mktemp "${TMPDIR:-/tmp}/fedapp-deployments.XXXXXX")
-trap 'kill "$deployments" 2>/dev/null; rm -f "$LOG"' EXIT
+trap 'kill "$deployments" 2>/dev/null || true; rm -f "$LOG"' EXIT
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 -m "deployment and $MARKS" "$@" >"$LOG" 2>&1 &
 deployments=$!
 status=0
