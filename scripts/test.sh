@@ -17,17 +17,17 @@ WORKERS=${FEDAPP_TEST_WORKERS:-2}
 if [ "$WORKERS" = 0 ]; then
   exec .venv/bin/python -m pytest -q --durations=15 -m "$MARKS" "$@"
 fi
-# The loopback deployments (marker `deployment`) mostly wait on Flower's polls and heartbeats (seconds per
-# message): they run one after another in a process of their own beside the workers, who keep the CPUs
-# busy meanwhile; their output follows the workers'. Both runs must pass.
-LOG=$(mktemp "${TMPDIR:-/tmp}/fedapp-deployments.XXXXXX")
-trap 'kill "$deployments" 2>/dev/null || true; rm -f "$LOG"' EXIT
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 -m "deployment and $MARKS" "$@" >"$LOG" 2>&1 &
-deployments=$!
+# End-to-end runs that mostly wait on Flower's processes (marker `sequential`: loopback deployments, seconds
+# per message; runs started to be interrupted) go one after another in a process of their own beside the
+# workers, who keep the CPUs busy meanwhile; their output follows the workers'. Both runs must pass.
+LOG=$(mktemp "${TMPDIR:-/tmp}/fedapp-sequential.XXXXXX")
+trap 'kill "$sequential" 2>/dev/null || true; rm -f "$LOG"' EXIT
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 -m "sequential and $MARKS" "$@" >"$LOG" 2>&1 &
+sequential=$!
 status=0
 .venv/bin/python -m pytest -q -n "$WORKERS" --dist loadfile --no-loadscope-reorder --durations=15 \
-  -m "not deployment and $MARKS" "$@" || { code=$?; [ "$code" = 5 ] || status=$code; }
-wait "$deployments" || { code=$?; [ "$code" = 5 ] || status=$code; }  # 5: none selected (paths given)
-echo "--- loopback deployments (a process of their own) ---"
+  -m "not sequential and $MARKS" "$@" || { code=$?; [ "$code" = 5 ] || status=$code; }
+wait "$sequential" || { code=$?; [ "$code" = 5 ] || status=$code; }  # 5: none selected (paths given)
+echo "--- the sequential end-to-end runs (a process of their own) ---"
 cat "$LOG"
 exit "$status"

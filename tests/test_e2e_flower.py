@@ -58,6 +58,7 @@ def _tokened(token: str) -> list[int]:
     return [pid for pid in processes_with_token(token) if not _is_gone(pid)]
 
 
+@pytest.mark.sequential
 def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "simulation", "run", "--method", "ffcm", "--dataset", "digits"]
     command += ["--clients", "3", "--rounds", "500", "--set", "ffcm.delta=0", "--out", str(tmp_path / "out")]
@@ -88,7 +89,7 @@ def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -
     assert output.strip().splitlines()[-1] == f"status: interrupted ({summary['status_reason']})"
 
 
-@pytest.mark.deployment
+@pytest.mark.sequential
 def test_a_secure_deployment_refuses_a_stranger_names_faulty_clients_and_a_killed_supernode_costs_one_round(
     tmp_path: Path,
 ) -> None:

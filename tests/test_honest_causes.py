@@ -84,6 +84,7 @@ def _until_round(process: subprocess.Popen[str], number: int) -> list[str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.sequential
 def test_a_lost_superlink_gives_failed_superlink_connection_lost(tmp_path: Path) -> None:
     process = _runner(tmp_path)
     _until_round(process, 2)
@@ -117,7 +118,7 @@ def _read(path: Path) -> bytes:
 
 
 @pytest.mark.e2e
-@pytest.mark.deployment
+@pytest.mark.sequential
 @pytest.mark.slow  # the duplicate-partition check above (same strategy code), in a loopback deployment
 def test_a_deployment_with_two_supernodes_claiming_partition_1_ends_naming_the_duplicate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

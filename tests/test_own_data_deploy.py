@@ -19,7 +19,7 @@ from simulation.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]
 SITES = 2  # two sites, and a third whose file lacks the text column: each SuperNode embeds its texts
-pytestmark = [pytest.mark.e2e, pytest.mark.deployment, pytest.mark.usefixtures("text_embedding_cache")]
+pytestmark = [pytest.mark.e2e, pytest.mark.sequential, pytest.mark.usefixtures("text_embedding_cache")]
 
 
 def _deploy(out: Path, method: str, node_data: str, *extra: str) -> subprocess.CompletedProcess[str]:
