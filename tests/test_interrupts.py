@@ -201,12 +201,25 @@ def test_an_interrupted_in_process_run_exits_130_with_the_rounds_it_ran(
 
     argv = ["run", "--engine", "inprocess", "--method", "ffcm", "--dataset", "digits", "--clients", "3"]
     argv += ["--rounds", "2000", "--set", "ffcm.delta=0", "--set", "eval-every=5", "--out", str(tmp_path)]
-    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    stop = threading.Event()
+
+    def interrupt_once_evaluated() -> None:  # on the run's progress, not a clock: a loaded machine is slow
+        while not stop.wait(0.05):
+            try:  # rewritten at every evaluation (rounds 5, 10, ...); a read may meet a half-written file
+                evaluated = json.loads((tmp_path / "rounds.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if evaluated:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    watcher = threading.Thread(target=interrupt_once_evaluated, daemon=True)
+    watcher.start()
     try:
         assert main(argv) == 130
     finally:
-        timer.cancel()
+        stop.set()
+        watcher.join()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     run, evaluated = summary["rounds"], len(json.loads((tmp_path / "rounds.json").read_text()))
