@@ -58,7 +58,6 @@ def _tokened(token: str) -> list[int]:
     return [pid for pid in processes_with_token(token) if not _is_gone(pid)]
 
 
-@pytest.mark.sequential
 def test_sigterm_stops_the_runner_and_every_process_it_started(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "simulation", "run", "--method", "ffcm", "--dataset", "digits"]
     command += ["--clients", "3", "--rounds", "500", "--set", "ffcm.delta=0", "--out", str(tmp_path / "out")]

@@ -84,7 +84,6 @@ def _until_round(process: subprocess.Popen[str], number: int) -> list[str]:
 
 
 @pytest.mark.e2e
-@pytest.mark.sequential
 def test_a_lost_superlink_gives_failed_superlink_connection_lost(tmp_path: Path) -> None:
     process = _runner(tmp_path)
     _until_round(process, 2)

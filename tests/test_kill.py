@@ -16,7 +16,7 @@ import pytest
 from fedapp.launch.processes import RUN_TOKEN_ENV, child_environment, processes_with_token
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.e2e, pytest.mark.sequential]
+pytestmark = pytest.mark.e2e
 LIMIT_S = 15
 
 
@@ -36,7 +36,10 @@ def _alive(pids: list[int]) -> list[int]:
     "command",
     [
         ["-m", "simulation", "run", "--method", "ffcm", "--dataset", "digits", "--clients", "3"],
-        ["deploy/run_local.py", "--method", "ffcm", "--dataset", "digits", "--clients", "2"],
+        pytest.param(
+            ["deploy/run_local.py", "--method", "ffcm", "--dataset", "digits", "--clients", "2"],
+            marks=pytest.mark.sequential,
+        ),
     ],
     ids=["simulation", "deployment"],
 )
