@@ -98,6 +98,25 @@ def test_digits() -> None:
     assert ds.class_names == tuple("0123456789")
 
 
+def test_digits_are_read_without_scikit_learn_as_load_digits_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bundled CSV read directly (no scikit-learn import in a deployment's per-message process), and
+    the fallback for another package layout: both give `load_digits`' images and labels."""
+    from sklearn.datasets import load_digits
+
+    from fedapp.datasets import embedded
+
+    bunch = load_digits()
+    direct = embedded._digit_images()
+    monkeypatch.setattr(embedded.importlib.util, "find_spec", lambda name: None)
+    fallback = embedded._digit_images()
+    for images, labels in (direct, fallback):
+        np.testing.assert_array_equal(images, bunch.images / 16.0)
+        np.testing.assert_array_equal(labels, bunch.target)
+        assert labels.dtype == bunch.target.dtype
+
+
 def test_digits_multiview() -> None:
     ds = load_dataset("digits-mv")
     assert (ds.kind, ds.n_samples, ds.n_classes) == ("multiview", 1797, 10)

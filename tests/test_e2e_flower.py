@@ -95,11 +95,11 @@ def test_a_secure_deployment_refuses_a_stranger_names_faulty_clients_and_a_kille
     """One loopback deployment (TLS, SuperNode authentication) for the checks that need real SuperNodes: a
     fifth SuperNode whose key was never registered is refused; in round 2 one client's reply has a wrong
     shape (rejected, named), one raises in fit (named, not asked again), one raises in evaluate (named), and
-    the fourth SuperNode is SIGKILLed (its round waits for Flower's heartbeat, at most the round timeout, and
-    the node is not asked again: the final report asks the other two); the run completes with the others,
-    status degraded (exit code 3), and
-    every process the script started is gone afterwards. The fault table (every method, every fault) is
-    docs/faults.md's; tests/test_injected_faults.py checks each fault in-process and in Ray."""
+    the fourth SuperNode is SIGKILLed (its round waits for Flower's heartbeat, at most the round timeout,
+    and the node is not asked again: the final report asks the other two); the run completes with the
+    others, status degraded (exit code 3), and every process the script started is gone afterwards. The
+    fault table (every method, every fault) is docs/faults.md's; tests/test_injected_faults.py checks each
+    fault in-process and in Ray."""
     timeout = 60  # first rounds (process start-up, imports) must never hit it, even on a loaded machine
     out = tmp_path / "killed"
     command = [sys.executable, "deploy/run_local.py", "--method", "ffcm", "--dataset", "digits"]

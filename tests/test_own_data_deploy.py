@@ -18,7 +18,7 @@ from fedapp.report.assignments import read_assignments
 from simulation.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]
-SITES = 2  # two sites, and a third whose file lacks the text column: each SuperNode embeds its texts
+SITES = 2  # text sites (each SuperNode embeds its own texts); the test adds one whose file lacks the column
 pytestmark = [pytest.mark.e2e, pytest.mark.sequential, pytest.mark.usefixtures("text_embedding_cache")]
 
 

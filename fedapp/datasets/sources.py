@@ -677,13 +677,20 @@ def _image_files(folder: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
+def _image_errors() -> tuple[type[BaseException], ...]:
+    """What Pillow raises for a file that is not a readable image (Pillow loads with the first image)."""
+    from PIL import Image
+
+    return (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
 def _image_header(file: Path) -> tuple[str, tuple[int, int]]:
     from PIL import Image
 
     try:
         with Image.open(file) as image:
             return image.mode, image.size
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+    except _image_errors() as exc:
         raise DatasetError(f"{file}: not a readable image: {_one_line(exc)}") from exc
 
 
@@ -697,7 +704,7 @@ def _image_pixels(file: Path, mode: str) -> np.ndarray:
                 high_bytes = (np.asarray(image, np.uint16) >> 8).astype(np.uint8)
                 image = Image.fromarray(high_bytes, "L")
             pixels = np.asarray(image.convert(mode))
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+    except _image_errors() as exc:
         raise DatasetError(f"{file}: not a readable image: {_one_line(exc)}") from exc
     return pixels.reshape(*pixels.shape[:2], -1)
 
