@@ -187,7 +187,7 @@ def deploy(
             print(f"SuperNode {index} pid {node.pid}{' (unregistered key)' if extra else ''}", flush=True)
         run_config = work_dir / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(overrides)))
-        app_dir = flower_app_dir(work_dir)  # the checkout, or the installed packages' copy
+        app_dir = flower_app_dir(work_dir)  # the app's packages, copied
         command = [console_script("flwr"), "run", str(app_dir), "deploy", "--stream"]
         command += ["--run-config", str(run_config)]
         log_path = Path(overrides["out-dir"]) / "flower.log"

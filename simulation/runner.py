@@ -232,7 +232,7 @@ def _run_flwr(
         run_config = flwr_home / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(run)))
         federation = resources.federation_config(run.config.num_clients)
-        app_dir = flower_app_dir(flwr_home)  # the checkout, or the installed packages' copy
+        app_dir = flower_app_dir(flwr_home)  # the app's packages, copied
         with local_simulation_superlink(flwr_home, env) as superlink:
             started.append(superlink)
             phase.set("starting the federation")

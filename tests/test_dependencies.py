@@ -65,10 +65,10 @@ def test_every_torch_method_declares_the_extra() -> None:
     assert all(METHODS[name].extra == "" for name in (*NUMPY_METHODS, "fbow", "ftfidf", "cefmc-h"))
 
 
-def test_an_installed_wheel_gets_a_flower_app_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the checkout's pyproject.toml (`pip install .`), `flwr run` gets a folder with the app's
-    packages and a pyproject.toml that declares the same app: publisher, components, every key's default."""
-    monkeypatch.setattr(app_dir, "PROJECT_ROOT", tmp_path / "site-packages")
+def test_flwr_run_gets_a_flower_app_folder_of_the_apps_packages(tmp_path: Path) -> None:
+    """From a checkout or an installed wheel, `flwr run` gets a folder with the app's packages and a
+    pyproject.toml that declares the same app (publisher, components, every key's default), and nothing
+    else: Flower walks every file of the folder it packs, and a checkout holds the venv and run outputs."""
     folder = app_dir.flower_app_dir(tmp_path / "work")
     made = tomllib.loads((folder / "pyproject.toml").read_text())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -78,8 +78,13 @@ def test_an_installed_wheel_gets_a_flower_app_folder(tmp_path: Path, monkeypatch
         folder / "clients" / "kfed.py"
     ).is_file()
     assert not list(folder.rglob("__pycache__"))
-    monkeypatch.setattr(app_dir, "PROJECT_ROOT", ROOT)
-    assert app_dir.flower_app_dir(tmp_path / "work") == ROOT  # a checkout is its own app folder
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "clients",
+        "fedapp",
+        "pyproject.toml",
+        "strategies",
+    ]
+    assert app_dir.flower_app_dir(tmp_path / "work") == folder  # made again, not added to
 
 
 @pytest.mark.usefixtures("without_torch")

@@ -1,10 +1,11 @@
 """The Flower app folder that `flwr run` packs into a FAB (the app bundle a SuperLink runs).
 
-From a checkout (the editable install `scripts/setup.sh` makes) that folder is the checkout: its
-pyproject.toml declares the app. An installed wheel (`pip install .`, a container image) has no
-pyproject.toml, so a folder is made beside the run's other private files: the app's packages, copied from
-where they are installed, and a pyproject.toml written from the code, whose `[tool.flwr.app.config]` keys
-and defaults are the ones the code declares (`tests/test_dependencies.py` holds it equal to the project's).
+Always a folder made beside the run's other private files: the app's packages, copied from where they are
+imported (the checkout for the editable install `scripts/setup.sh` makes, site-packages for `pip install .`
+or a container image), and a pyproject.toml written from the code, whose `[tool.flwr.app.config]` keys and
+defaults are the ones the code declares (`tests/test_dependencies.py` holds it equal to the project's).
+Not the checkout itself: Flower walks every file under the folder it packs before filtering, and a
+checkout holds the venv and run outputs (62,705 files in one: 4.7 s of every run, against milliseconds).
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ from typing import Any
 
 import tomli_w
 
-from fedapp.config.run import PROJECT_ROOT, default_run_config
+from fedapp.config.run import default_run_config
 
 APP_PACKAGES = ("fedapp", "strategies", "clients")  # what the ServerApp and the ClientApp import
 COMPONENTS = {"serverapp": "fedapp.app.server_app:app", "clientapp": "fedapp.app.client_app:app"}
 
 
 def flower_app_dir(work_dir: Path) -> Path:
-    """The checkout when it holds the project's pyproject.toml, else a folder made under `work_dir`."""
-    if (PROJECT_ROOT / "pyproject.toml").is_file():
-        return PROJECT_ROOT
+    """`work_dir`/flower-app: the app's packages (no bytecode) and the pyproject.toml Flower reads."""
     app = work_dir / "flower-app"
     if app.exists():
         shutil.rmtree(app)
