@@ -248,3 +248,30 @@ def test_an_interrupt_does_not_wait_for_a_clients_training_in_process(
     assert time.monotonic() - started < 10.0  # the late client would hold it past 12 s
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["phase"] == "in round 1"
+
+
+def test_an_interrupt_while_outputs_are_written_is_raised_once_they_are_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT that comes while the run's files are drawn (here inside metrics.png's plotting, where the
+    first `import matplotlib` happens) waits for them: all four files are whole, then `Interrupted`."""
+    from fedapp.launch.processes import interruptible
+    from fedapp.report import records
+
+    drawn = records.plot_metrics
+
+    def interrupted_while_drawing(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        drawn(*args, **kwargs)
+
+    monkeypatch.setattr(records, "plot_metrics", interrupted_while_drawing)
+    history = [{"round": 1, "metrics": {"acc": 0.5}}]
+    with pytest.raises(Interrupted) as caught, interruptible():
+        records.write_run_outputs(tmp_path, {"method": "kfed", "status": "running"}, history)
+    assert caught.value.signum == signal.SIGINT
+    assert json.loads((tmp_path / "rounds.json").read_text()) == history
+    assert (tmp_path / "metrics.png").stat().st_size > 0 and (tmp_path / "report.html").is_file()
+    with pytest.raises(Interrupted), interruptible():  # outside the block it is raised where it comes
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        raise AssertionError("the interrupt waited")

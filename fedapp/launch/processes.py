@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedapp.report.records import FINISHED, exit_code, mark_summary, status_line
+from fedapp.report.records import FINISHED, defer_while_writing, exit_code, mark_summary, status_line
 
 RUN_TOKEN_ENV = "FEDAPP_RUN_TOKEN"
 REPORT_GRACE_S = 15.0  # a signal in the final report waits this long for it (`records.await_report`)
@@ -255,7 +255,9 @@ def interruptible() -> Iterator[None]:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
         INTERRUPTED.set()
-        raise Interrupted(signum)
+        interrupted = Interrupted(signum)
+        if not defer_while_writing(interrupted):  # outputs being written are finished first
+            raise interrupted
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

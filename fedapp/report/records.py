@@ -10,8 +10,10 @@ import json
 import math
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,40 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
+class _Writing:
+    """The main thread's open `writing_outputs` blocks, and an interrupt that came meanwhile."""
+
+    depth = 0
+    deferred: BaseException | None = None
+
+
+@contextmanager
+def writing_outputs() -> Iterator[None]:
+    """Outputs written in the main thread are finished before an interrupt is raised there: the handler
+    (`fedapp.launch.processes.interruptible`) hands it to `defer_while_writing`, and it is raised when the
+    outermost block ends. A SIGINT raised inside the first `import matplotlib` had left the module half
+    imported, and writing the interrupted run's outputs then failed (AttributeError, not exit 130)."""
+    if threading.current_thread() is not threading.main_thread():  # handlers run in the main thread only
+        yield
+        return
+    _Writing.depth += 1
+    try:
+        yield
+    finally:
+        _Writing.depth -= 1
+        if not _Writing.depth and _Writing.deferred is not None:
+            deferred, _Writing.deferred = _Writing.deferred, None
+            raise deferred
+
+
+def defer_while_writing(exc: BaseException) -> bool:
+    """Keep `exc` for the end of the open `writing_outputs` block; False (raise it now) when none is open."""
+    if not _Writing.depth:
+        return False
+    _Writing.deferred = _Writing.deferred or exc
+    return True
+
+
 def write_run_outputs(
     out_dir: Path,
     summary: Mapping[str, Any],
@@ -141,14 +177,16 @@ def write_run_outputs(
     plot: bool = True,
 ) -> None:
     """summary.json + rounds.json; when `plot`, metrics.png (metric vs round; it takes ~0.3 s) and
-    report.html (the page a person opens, `fedapp.report.pages.run`), drawn from those files."""
-    write_json(out_dir / "summary.json", dict(summary))
-    write_json(out_dir / "rounds.json", list(history))
-    if plot:
-        plot_metrics(
-            out_dir / "metrics.png", history, title=f"{summary.get('method')} on {summary.get('dataset')}"
-        )
-        update_run_report(out_dir)
+    report.html (the page a person opens, `fedapp.report.pages.run`), drawn from those files. An interrupt
+    waits for them (`writing_outputs`)."""
+    with writing_outputs():
+        write_json(out_dir / "summary.json", dict(summary))
+        write_json(out_dir / "rounds.json", list(history))
+        if plot:
+            plot_metrics(
+                out_dir / "metrics.png", history, title=f"{summary.get('method')} on {summary.get('dataset')}"
+            )
+            update_run_report(out_dir)
 
 
 def plot_metrics(path: Path, history: Sequence[Mapping[str, Any]], title: str = "") -> None:

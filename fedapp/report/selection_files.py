@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.maths.selection import CRITERIA
+from fedapp.report.records import writing_outputs
 
 TUNE_JSON, TUNE_PNG = "tune.json", "tune.png"
 
@@ -66,7 +67,12 @@ def _curves(selection: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 def write_selection(out_dir: Path, selection: dict[str, Any]) -> None:
     """tune.json and tune.png (each criterion against k, the chosen k marked, the stability plateau
-    shaded and the null's stability dotted, the verdict in the title) into `out_dir`."""
+    shaded and the null's stability dotted, the verdict in the title) into `out_dir`; an interrupt waits."""
+    with writing_outputs():
+        _write_selection(out_dir, selection)
+
+
+def _write_selection(out_dir: Path, selection: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
