@@ -31,25 +31,39 @@ def _is_gone(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z"
 
 
-def test_flwr_simulation_runs_ffcm_rounds_and_writes_summary(tmp_path: Path) -> None:
-    overrides = build_overrides(
-        {"method": "ffcm", "dataset": "digits", "num-clients": 3, "num-rounds": 3, "seed": 1}, tmp_path
-    )
+def test_a_ray_simulation_names_faulty_clients_goes_on_and_equals_the_in_process_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Ray simulation (`flwr run`) for the end-to-end path and for the faults at the message level in
+    Ray (tests/test_injected_faults.py has every fault in-process): client 1 sends NaN in round 2 and twice
+    the arrays in round 3 (rejected, named), client 2 raises in fit in round 3 (named, not asked again),
+    client 0 raises in evaluate in round 4. The run goes on with the others and ends degraded, with every
+    output written. The in-process engine runs the same classes: same faults and seed, identical metrics."""
+    monkeypatch.setenv(FAULTS_ENV, "nan@1:2,double@1:3,raise-fit@2:3,raise-evaluate@0:4")
+    keys = {"method": "ffcm", "dataset": "digits", "num-clients": 3, "num-rounds": 5, "seed": 1}
+    overrides = build_overrides({**keys, "ffcm.delta": 0.0, "eval-every": 1}, tmp_path)
     summary = execute(overrides, engine="flwr", quiet=True)
     assert summary["method"] == "ffcm" and summary["num_clients"] == 3
-    assert summary["rounds"] == 3
+    assert summary["status"] == "degraded" and summary["rounds"] == 5
+    assert [line.split(": reply rejected: ")[0] for line in summary["rejections"]] == ["partition-id 1"] * 2
+    assert summary["failure_messages"] == [
+        "partition-id 2: InjectedFaultError: injected fault raise-fit@2:3: fit raises"
+    ]
+    assert summary["evaluation_failures"][0].startswith("partition-id 0: InjectedFaultError")
     assert summary["metrics"]["nmi"] > 0.6
     assert summary["comm_bytes"]["up"] > 0 and summary["comm_bytes"]["down"] > 0
     rounds = json.loads((tmp_path / "rounds.json").read_text())
-    assert [entry["round"] for entry in rounds] == [1, 2, 3]
+    assert [entry["round"] for entry in rounds] == [1, 2, 3, 4, 5]
     assert (tmp_path / "metrics.png").stat().st_size > 0
     page = (tmp_path / "report.html").read_text()  # the page, with the wire bytes written after the loop
     assert "On the wire, per message kind" in page and "ffcm on digits" in page
-    assert all((tmp_path / "nodes" / str(site) / "report.html").is_file() for site in range(3))
-    # the in-process engine runs the same classes: identical metrics for the same seed
+    assert all((tmp_path / "nodes" / str(site) / "report.html").is_file() for site in range(2))
+    assert not (tmp_path / "nodes" / "2").exists()  # the client that raised in fit is not asked again
     apart = {**overrides, "out-dir": "", "node-out-dir": ""}  # its own folder and node folders
     same = execute(build_overrides(apart, tmp_path / "inprocess"), engine="inprocess")
     assert same["metrics"] == pytest.approx(summary["metrics"], abs=1e-12)
+    for key in ("status", "rejections", "failure_messages", "evaluation_failures"):
+        assert same[key] == summary[key], key
 
 
 def _tokened(token: str) -> list[int]:

@@ -1,9 +1,9 @@
 """Faults at the message level (`fedapp.app.faults`): one client of a real run sends NaN, a wrong shape,
 twice the arrays, a reply after the round timeout, or raises in fit / evaluate. The run goes on with the
 others, names the client and the cause, and ends `degraded` (exit code 3). In-process here (every fault, a
-horizontal and a vertical method) and once in Flower's Ray simulation; the loopback deployment's faults share
-one TLS deployment with a killed SuperNode (tests/test_e2e_flower.py); the whole (method x fault) table is
-`simulation/bench/faults.py`'s (docs/faults.md)."""
+horizontal and a vertical method). Flower's Ray simulation has its faults in the end-to-end Ray run, and the
+loopback deployment's share one TLS deployment with a killed SuperNode (both in tests/test_e2e_flower.py);
+the whole (method x fault) table is `simulation/bench/faults.py`'s (docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -85,18 +85,6 @@ def test_a_vertical_federation_keeps_a_broken_views_last_reply_and_says_whose(
         "partition-id 2: InjectedFaultError: injected fault raise-fit@2:3: fit raises"
     ]
     assert summary["stale_views"]  # the views that did not answer are represented by their last reply
-
-
-@pytest.mark.e2e
-def test_injected_faults_in_a_ray_simulation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    faults = "nan@1:2,double@1:3,raise-fit@2:3,raise-evaluate@0:4"
-    summary = _run(tmp_path, "flwr", faults, monkeypatch, **FFCM, **{"num-clients": 3, "num-rounds": 5})
-    assert summary["status"] == "degraded" and summary["rounds"] == 5
-    assert [line.split(": reply rejected: ")[0] for line in summary["rejections"]] == ["partition-id 1"] * 2
-    assert summary["failure_messages"] == [
-        "partition-id 2: InjectedFaultError: injected fault raise-fit@2:3: fit raises"
-    ]
-    assert summary["evaluation_failures"][0].startswith("partition-id 0: InjectedFaultError")
 
 
 def test_a_message_the_superlink_let_expire_is_a_late_reply_naming_its_client(
