@@ -74,6 +74,7 @@ def ray_cluster() -> Iterator[str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.sequential  # mostly waits on Ray's start-up: beside the workers, with the deployments
 def test_clients_run_on_both_nodes_of_a_ray_cluster(ray_cluster: str, tmp_path: Path) -> None:
     """8 FFCM clients on a two-node cluster: both nodes ran clients (summary.json `ray_nodes`), and the
     metrics are those of the same run without Ray (the in-process engine, which the Ray simulation on one

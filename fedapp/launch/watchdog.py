@@ -12,10 +12,11 @@ the run's processes does not stop the guard):
 
 It checks every `POLL_S` whether it still has its parent (a dead parent's children are handed to
 another process, so `getppid` changes; PID reuse cannot fool it). When the parent is gone it reads the
-run's last phase (`--phase-file`), stops every process of the run (`sweep.stop_run`: the token, the
-private `--home`, descent) and removes the folders. If `--out`/summary.json said `running` when the
-parent died, it marks it `killed` with that phase (the ServerApp may write `failed` while it is being
-stopped). A parent that ends normally stops the guard (`stop_watchdog`) after cleaning up itself.
+run's last phase (`--phase-file`) and stops every process of the run (`sweep.stop_run`: the token, the
+private `--home`, descent). If `--out`/summary.json said `running` when the parent died, it marks it
+`killed` with that phase (the ServerApp may write `failed` while it is being stopped). Then it removes
+the folders: who sees them gone finds the summary marked. A parent that ends normally stops the guard
+(`stop_watchdog`) after cleaning up itself.
 """
 
 from __future__ import annotations
@@ -79,11 +80,11 @@ def watch(args: argparse.Namespace) -> None:
     phase = read_phase(args.phase_file) if args.phase_file else None
     running = args.out is not None and _status(args.out) == "running"  # before the ServerApp is stopped
     report = stop_run(args.token, args.home, [], grace=3.0)
-    for path in args.remove:
-        shutil.rmtree(path, ignore_errors=True)
     if running:  # what the ServerApp wrote while being stopped ("failed: KeyboardInterrupt") is not the cause
         reason = f"{KILLED_REASON}; the watchdog: {report.describe()}"
         mark_summary(args.out, "killed", reason, phase)
+    for path in args.remove:  # last: once the run's folders are gone, its summary says how it ended
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _status(out_dir: Path) -> str | None:
