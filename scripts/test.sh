@@ -17,11 +17,11 @@ WORKERS=${FEDAPP_TEST_WORKERS:-2}
 if [ "$WORKERS" = 0 ]; then
   exec .venv/bin/python -m pytest -q --durations=15 -m "$MARKS" "$@"
 fi
-# The loopback deployments and the two-node Ray cluster (marker `sequential`) mostly wait on Flower's polls
-# and heartbeats (seconds per message) or on Ray's start: they go one after another in a process of their
-# own beside the workers, who keep the CPUs busy meanwhile; their output follows the workers'. Both runs
-# must pass. The one-node Ray runs stay with the workers: with the SIGTERM, SIGKILL and lost-SuperLink Ray
-# runs here too, the workers took 869 s, not 598 s.
+# The loopback deployments, the two-node Ray cluster and the lost-SuperLink Ray run (marker `sequential`)
+# mostly wait on Flower's polls and heartbeats (seconds per message) or on Ray's start: they go one after
+# another in a process of their own beside the workers, who keep the CPUs busy meanwhile; their output
+# follows the workers'. Both runs must pass. The SIGTERM and SIGKILL Ray runs stay with the workers: with
+# them here too, the workers took 869 s, not 598 s.
 LOG=$(mktemp "${TMPDIR:-/tmp}/fedapp-sequential.XXXXXX")
 trap 'kill "$sequential" 2>/dev/null || true; rm -f "$LOG"' EXIT
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 -m "sequential and $MARKS" "$@" >"$LOG" 2>&1 &

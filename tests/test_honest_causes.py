@@ -84,6 +84,7 @@ def _until_round(process: subprocess.Popen[str], number: int) -> list[str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.sequential  # mostly waits on Ray and Flower: beside the workers
 def test_a_lost_superlink_gives_failed_superlink_connection_lost(tmp_path: Path) -> None:
     process = _runner(tmp_path)
     _until_round(process, 2)
