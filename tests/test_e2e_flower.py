@@ -113,7 +113,7 @@ def test_a_secure_deployment_refuses_a_stranger_names_faulty_clients_and_a_kille
     and the node is not asked again: the final report asks the other two); the run completes with the
     others, status degraded (exit code 3), and every process the script started is gone afterwards. The
     fault table (every method, every fault) is docs/faults.md's; tests/test_injected_faults.py checks each
-    fault in-process and in Ray."""
+    fault in-process, the Ray run above the Ray simulation's."""
     timeout = 60  # first rounds (process start-up, imports) must never hit it, even on a loaded machine
     out = tmp_path / "killed"
     command = [sys.executable, "deploy/run_local.py", "--method", "ffcm", "--dataset", "digits"]

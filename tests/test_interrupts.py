@@ -269,6 +269,7 @@ def test_an_interrupt_while_outputs_are_written_is_raised_once_they_are_complete
     with pytest.raises(Interrupted) as caught, interruptible():
         records.write_run_outputs(tmp_path, {"method": "kfed", "status": "running"}, history)
     assert caught.value.signum == signal.SIGINT
+    assert json.loads((tmp_path / "summary.json").read_text())["method"] == "kfed"
     assert json.loads((tmp_path / "rounds.json").read_text()) == history
     assert (tmp_path / "metrics.png").stat().st_size > 0 and (tmp_path / "report.html").is_file()
     with pytest.raises(Interrupted), interruptible():  # outside the block it is raised where it comes
