@@ -6,14 +6,13 @@ than summed contingency tables, `evaluation_instructions` / `evaluation_metrics`
 configure_fit -> aggregate_fit -> configure_evaluate -> aggregate_evaluate around them. What it relies on
 lives beside it: who is asked (`strategies.roster`), what a valid reply is (`strategies.replies`), what
 the run records (`strategies.records`) and the final report (`strategies.report.FinalReport`, composed
-in as `final_report`, which the server loop drives after the last round). A checkpoint holds
-`state_dict()`: the records, the roster, the report and the attributes each class names in `state_fields`.
+in as `final_report`, which the server loop drives after the last round) and the checkpoint
+(`strategies.checkpoints`: the records, the roster, the report and the attributes each class names in
+`state_fields`).
 """
 
 from __future__ import annotations
 
-import pickle
-from dataclasses import replace
 from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
@@ -33,10 +32,10 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedapp.app.checkpoint import checkpoint_dir, load_strategy, save_strategy
 from fedapp.config.run import RunConfig
 from fedapp.report.records import PROGRESS_MARKER, REPORT_PHASE, default_out_dir
 from fedapp.wire import ReplyError
+from strategies.checkpoints import Checkpointed
 from strategies.failures import partition_file
 from strategies.hooks import StrategyHooks
 from strategies.k_choice import KChoice
@@ -54,7 +53,7 @@ from strategies.roster import ClientRoster
 MAX_EMPTY_ROUNDS = 3  # consecutive rounds without one valid reply end the run (clients are broken)
 
 
-class ClusteringStrategy(StrategyHooks, Strategy):
+class ClusteringStrategy(StrategyHooks, Checkpointed, Strategy):
     """Base class: see the module docstring. Subclasses implement `reply_spec` and `aggregate`."""
 
     refuse_duplicate_partitions = True  # a second client claiming a held partition-id is refused
@@ -262,45 +261,13 @@ class ClusteringStrategy(StrategyHooks, Strategy):
         headline = self.headline_text(metrics) if metrics else None
         self.record.progress(server_round, self.total_rounds, headline)
 
-    # ----------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the `state_parts` and every attribute named in `state_fields` by this
-        class or a base class (the configuration is not kept: a resumed run may change it)."""
-        state = {name: getattr(self, name) for name in _state_fields(type(self))}
-        return {**state, **{part: getattr(self, part).state_dict() for part in self.state_parts}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The inverse of `state_dict`."""
-        for name in _state_fields(type(self)):
-            setattr(self, name, state[name])
-        for part in self.state_parts:
-            if part in state:  # a checkpoint from before a part existed restores without it
-                getattr(self, part).load_state_dict(state[part])
-
     def round_done(self, server_round: int) -> None:
         """End of a round (fit and evaluation): summary.json says how far the run got (an entry point that
-        is stopped marks it), and a checkpoint when `checkpoint-every` says so."""
+        is stopped marks it), and a checkpoint when `checkpoint-every` says so (`strategies.checkpoints`)."""
         if self.status == "running":
             self.write_outputs()
-        every = self.cfg.checkpoint_every
-        if every and server_round % every == 0 and not self.done:
-            try:
-                save_strategy(checkpoint_dir(self.cfg, self.out_dir), server_round, self.state_dict())
-            except (pickle.PicklingError, TypeError, AttributeError, OSError) as exc:
-                log(WARNING, "round %d: checkpoint failed (%s); checkpointing is off", server_round, exc)
-                self.cfg = replace(self.cfg, checkpoint_every=0)
-
-    def restore(self) -> int:
-        """Load the last checkpoint (run-config `resume`); returns the round to continue after."""
-        server_round, state = load_strategy(checkpoint_dir(self.cfg, self.out_dir))
-        self.load_state_dict(state)
-        self.status, self.resumed_from = "running", server_round
-        log(INFO, "%s resumed after round %d of %d", PROGRESS_MARKER, server_round, self.total_rounds)
-        return server_round
-
-    def resume_point(self) -> tuple[int, Parameters | None]:
-        """(rounds already done, the global model to continue from): (0, None) for a fresh run."""
-        return (self.resumed_from or 0), self.latest_parameters
+        if not self.done:
+            self.checkpoint(server_round)
 
     # ------------------------------------------------------------------------------ end of the run
     @property
@@ -378,8 +345,3 @@ class ClusteringStrategy(StrategyHooks, Strategy):
     def write_outputs(self) -> None:
         """summary.json and rounds.json after every evaluation (the plot: see `RunRecord.write`)."""
         self.record.write(self.out_dir, self.summary(), final=self.status != "running")
-
-
-def _state_fields(cls: type) -> list[str]:
-    """`state_fields` of `cls` and of every class it derives from, base classes first."""
-    return [name for klass in reversed(cls.__mro__) for name in vars(klass).get("state_fields", ())]

@@ -67,8 +67,32 @@ from strategies.base import ClientReply, ClusteringStrategy, consistent_replies
 # under DP with dp-labels = centres the rounds are DP Lloyd steps: on StackOverflow at eps 8 (seed 0) 6 and
 # 11 rounds gave NMI 61.2 / 62.7, the default 41 rounds 57.4; beyond this many the run says so
 DP_CENTRE_ROUNDS = 11
-# mean site skew (`fstc_math.site_skew`) above which the run warns: IID sites measure 0.02-0.04, the
-# label-skewed sets of docs/methods/fstc.md ("Real data shapes") 0.29 and more
+
+
+def site_skew_warning(skew: float) -> str:
+    """The warning for sites that hold different clusters (mean site skew, `fstc_math.site_skew`, above
+    SITE_SKEW_WARNING: IID sites measure 0.02-0.04, the label-skewed sets of docs/methods/fstc.md 0.29 and
+    more), the shape where FSTC was measured far below FSBERT k-FED; from the init round's local centres
+    and sizes, which the server has anyway."""
+    return (
+        f"sites hold different clusters (mean site skew {skew:.2f} > {SITE_SKEW_WARNING}: each client's "
+        "share over the initial clusters differs from the federation's); with many topics split across "
+        "sites FSTC measured far below fsbert-kfed (docs/methods/fstc.md, 'Real data shapes'): compare "
+        "with `--method fsbert-kfed`"
+    )
+
+
+def head_scale(scale: float, centres: np.ndarray, secagg_clip: float | None) -> float:
+    """`fstc.head-scale` for F's start at the centres, lowered under SecAgg+ (`secagg_clip` given) so the
+    started weights stay within half the clip (SecAgg+ clips beyond it: a wrong, not a noisy, sum; half
+    leaves training room). The argmax, the nearest centre, does not depend on the scale."""
+    if secagg_clip is None:
+        return scale
+    largest = max(float(np.abs(centres).max()), float(0.5 * (centres**2).sum(1).max()))
+    bound = 0.5 * secagg_clip / max(largest, 1e-12)
+    if bound < scale:
+        log(INFO, "FSTC: F starts at scale %.3g, not %.3g, to stay within secagg-clip/2", bound, scale)
+    return min(scale, bound)
 
 
 def training_row(server_round: int, replies: list[ClientReply]) -> dict[str, float]:
@@ -306,45 +330,22 @@ class FSTCStrategy(ClusteringStrategy):
             weights = sizes if self.params.init_merge == INIT_MERGE_WEIGHTED else None  # kfed: unweighted
             self.centres = initial_centres(points, weights, self.k, self.cfg.seed)
             if sizes is not None and min(len(p) for p in points) >= self.k:  # fewer: shares too coarse
-                self.note_site_skew(points, sizes)
+                self.site_skew = float(np.mean(site_skew(points, sizes, self.centres)))
+                if self.site_skew > SITE_SKEW_WARNING:
+                    self.warn(site_skew_warning(self.site_skew))
         with torch.random.fork_rng(devices=[]):  # Alg. 2 line 1: one initial model for every client
             torch.manual_seed(self.cfg.seed)
             model = fstc_model(self.params, self.k, self.centres.shape[1], self.cfg.embedding_model, "cpu")
         # F starts as C̃'s nearest-centre classifier; not under DP, whose clients build the public
         # initial model from the run seed alone (`clients.fstc.FSTCClient.public_model`)
         if self.params.head_init == HEAD_INIT_CENTRES and not self.privacy.private:
-            model.head.start_at(self.centres, self.head_scale())
+            clip = self.cfg.secagg_clip if self.cfg.secagg else None
+            model.head.start_at(self.centres, head_scale(self.params.head_scale, self.centres, clip))
         self.schema = state_schema(model)
         self.initial_model = state_arrays(model)
         source = INIT_SOURCES.get(self.init, "local k-means centres")
         log(INFO, "FSTC: %d initial centres from %d clients' %s", self.k, len(replies), source)
         return ndarrays_to_parameters([self.centres])
-
-    def head_scale(self) -> float:
-        """`fstc.head-scale`, lowered under SecAgg+ so the started F's weights stay within half of
-        `secagg-clip` (SecAgg+ clips beyond it; half leaves training room). The argmax, the nearest
-        centre, does not depend on the scale."""
-        scale = self.params.head_scale
-        if not self.cfg.secagg:
-            return scale
-        largest = max(float(np.abs(self.centres).max()), float(0.5 * (self.centres**2).sum(1).max()))
-        bound = 0.5 * self.cfg.secagg_clip / max(largest, 1e-12)
-        if bound < scale:
-            log(INFO, "FSTC: F starts at scale %.3g, not %.3g, to stay within secagg-clip/2", bound, scale)
-        return min(scale, bound)
-
-    def note_site_skew(self, points: list[np.ndarray], weights: list[np.ndarray]) -> None:
-        """Say when sites hold different clusters (label skew), the shape where FSTC was measured far
-        below FSBERT k-FED; from the init round's local centres and sizes, which the server has anyway."""
-        assert self.centres is not None
-        self.site_skew = float(np.mean(site_skew(points, weights, self.centres)))
-        if self.site_skew > SITE_SKEW_WARNING:
-            self.warn(
-                f"sites hold different clusters (mean site skew {self.site_skew:.2f} > {SITE_SKEW_WARNING}: "
-                "each client's share over the initial clusters differs from the federation's); with many "
-                "topics split across sites FSTC measured far below fsbert-kfed (docs/methods/fstc.md, "
-                "'Real data shapes'): compare with `--method fsbert-kfed`"
-            )
 
     def note_stale_centres(self, server_round: int, updated: np.ndarray) -> None:
         """Count the global centres no client updated this round (Eq. 16 keeps them as they were).

@@ -285,6 +285,17 @@ def summed_cooccurrences(
     return total, documents
 
 
+def server_metrics(
+    model: torch.nn.Module, vocabulary: tuple[str, ...], truth: tuple[str, int, int, int] | None
+) -> dict[str, float]:
+    """What the server computes from W alone: topic diversity; on a synthetic corpus (`truth`: its
+    dataset, seed, theta samples and context dimension) TSS and DSS too."""
+    metrics = {"td": topic_diversity(topic_words(model, vocabulary)[0])}
+    if truth is not None:
+        metrics.update(synthetic_scores(model, vocabulary, *truth))
+    return metrics
+
+
 class GFedNTMStrategy(ClusteringStrategy):
     """See the module docstring; hooks read top to bottom: configure -> validate -> aggregate -> evaluate."""
 
@@ -531,8 +542,9 @@ class GFedNTMStrategy(ClusteringStrategy):
         self, server_round: int, parameters: Parameters, clients: list[ClientProxy]
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """Every client counts the co-occurrences of the top words (NPMI); TD, TSS, DSS come from W."""
-        self._pending = self.server_metrics()
-        assert self.model is not None
+        assert self.model is not None and self.vocabulary is not None
+        truth = (self.cfg.dataset, self.cfg.seed, self.params.theta_samples, self.context_dim)
+        self._pending = server_metrics(self.model, self.vocabulary, truth if self.synthetic else None)
         top = top_words(topic_word_matrix(self.model), NPMI_TOP_WORDS)
         ins = EvaluateIns(
             ndarrays_to_parameters([top]), {"server-round": server_round, "phase": PHASE_COOCCURRENCE}
@@ -550,15 +562,6 @@ class GFedNTMStrategy(ClusteringStrategy):
     def headline_text(self, metrics: dict[str, float]) -> str:
         shown = " ".join(f"{key} {metrics[key]:.4g}" for key in self.headline_metrics if key in metrics)
         return f"step {self.step}/{self.total_steps} {shown}"
-
-    def server_metrics(self) -> dict[str, float]:
-        """What the server computes from W alone: topic diversity; on synthetic corpora TSS and DSS."""
-        assert self.model is not None and self.vocabulary is not None
-        metrics = {"td": topic_diversity(topic_words(self.model, self.vocabulary)[0])}
-        if self.synthetic:
-            truth = (self.cfg.dataset, self.cfg.seed, self.params.theta_samples, self.context_dim)
-            metrics.update(synthetic_scores(self.model, self.vocabulary, *truth))
-        return metrics
 
     def report_parameters(self) -> Parameters | None:
         """Vocabulary, then the model state: what a client (or `predict`) needs to infer topics."""

@@ -52,7 +52,7 @@ from fedapp.privacy.secagg import (
 )
 from fedapp.wire import ArraySpec, ReplyError
 from simulation.runner import execute
-from strategies.fstc import FSTCStrategy, centres_from_totals
+from strategies.fstc import FSTCStrategy, centres_from_totals, head_scale
 from tests.flower_mocks import mock_manager, mock_proxy
 from tests.strategy_configs import fstc_config
 
@@ -214,13 +214,12 @@ def test_the_started_head_fits_secagg(tmp_path: Path) -> None:
     """Under SecAgg+, F's nearest-centre start is scaled so no weight exceeds secagg-clip / 2 (SecAgg+
     would clip it: a wrong, not a noisy, sum); a start that fits keeps `fstc.head-scale`."""
     strategy = fstc_strategy(tmp_path)
-    strategy.centres = np.array([[3.0, 0.0], [0.0, -1.0]])  # weights 3 s, bias 4.5 s
-    scale = strategy.head_scale()
-    clip = strategy.cfg.secagg_clip
-    assert scale < strategy.params.head_scale
+    chosen, clip = strategy.params.head_scale, strategy.cfg.secagg_clip
+    scale = head_scale(chosen, np.array([[3.0, 0.0], [0.0, -1.0]]), clip)  # weights 3 s, bias 4.5 s
+    assert scale < chosen
     assert max(3.0 * scale, 4.5 * scale) == pytest.approx(clip / 2)
-    strategy.centres = np.array([[0.1, 0.0], [0.0, -0.1]])
-    assert strategy.head_scale() == strategy.params.head_scale
+    assert head_scale(chosen, np.array([[0.1, 0.0], [0.0, -0.1]]), clip) == chosen
+    assert head_scale(chosen, np.array([[3.0, 0.0], [0.0, -1.0]]), None) == chosen  # no SecAgg+: as set
 
 
 def test_fstc_strategy_applies_eq16_to_secure_sums(tmp_path: Path) -> None:
