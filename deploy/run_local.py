@@ -57,7 +57,7 @@ from fedapp.launch.processes import (  # noqa: E402
     start_logged,
     wait_for_health,
 )
-from fedapp.launch.resolve import absolute_spec, build_overrides, validate  # noqa: E402
+from fedapp.launch.resolve import ResolvedRun, absolute_spec, build_overrides, validate  # noqa: E402
 from fedapp.launch.sweep import stop_run  # noqa: E402
 from fedapp.launch.watchdog import start_watchdog, stop_watchdog  # noqa: E402
 from fedapp.report.records import await_report, exit_code, mark_summary, status_line  # noqa: E402
@@ -95,6 +95,84 @@ def _toml_string(value: str) -> str:
     return f"'{value}'"
 
 
+def _security_flags(certs: Mapping[str, Path]) -> tuple[list[str], list[str]]:
+    """(the SuperLink's, a SuperNode's) TLS flags: the certificates of deploy/secure.py, or --insecure."""
+    if not certs:
+        return ["--insecure"], ["--insecure"]
+    link = ["--ssl-ca-certfile", str(certs["ca"]), "--ssl-certfile", str(certs["cert"])]
+    return [*link, "--ssl-keyfile", str(certs["key"])], ["--root-certificates", str(certs["ca"])]
+
+
+def _start_superlink(
+    env: dict[str, str],
+    work_dir: Path,
+    port: int,
+    certs: Mapping[str, Path],
+    security: Security,
+    started: list[subprocess.Popen],
+) -> subprocess.Popen:
+    """flower-superlink on 127.0.0.1:`port` (its log in work_dir), appended to `started` as it starts (the
+    caller stops it whatever happens), returned once its health check answers."""
+    command = [
+        console_script("flower-superlink"),
+        *_security_flags(certs)[0],
+        *(["--enable-supernode-auth"] if security.auth else []),
+        "--disable-runtime-dependency-installation",
+        *("--host", "127.0.0.1", "--port", str(port)),
+    ]
+    superlink = start_logged(command, env, work_dir / "superlink.log")
+    started.append(superlink)
+    what = f"flower-superlink (log {work_dir / 'superlink.log'})"
+    wait_for_health(port, superlink, START_TIMEOUT_S, what, ca_file=certs.get("ca"))
+    mode = ", ".join(m for m, on in (("TLS", security.tls), ("SuperNode auth", security.auth)) if on)
+    print(f"SuperLink pid {superlink.pid} on 127.0.0.1:{port} ({mode or 'insecure'})", flush=True)
+    return superlink
+
+
+def _start_supernodes(
+    env: dict[str, str],
+    work_dir: Path,
+    port: int,
+    certs: Mapping[str, Path],
+    keys: Mapping[str, tuple[Path, Path]],
+    names: list[str],
+    num_clients: int,
+    out_dir: Path,
+    node_data: str | None,
+    started: list[subprocess.Popen],
+) -> None:
+    """Register the first `num_clients` nodes' keys (with auth), then start a flower-supernode per name,
+    each appended to `started` as it starts (the caller stops them whatever happens)."""
+    for name in names[:num_clients]:  # only these keys are registered
+        if keys:
+            register = [console_script("flwr"), "supernode", "register", str(keys[name][1]), "deploy"]
+            subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
+    for index, name in enumerate(names):
+        auth = ["--auth-supernode-private-key", str(keys[name][0])] if keys else []
+        command = [
+            console_script("flower-supernode"),
+            *_security_flags(certs)[1],
+            *auth,
+            *("--superlink", f"127.0.0.1:{port}", "--port", str(free_port())),
+            *("--node-config", node_config(index, num_clients, out_dir, node_data)),
+        ]
+        node = start_logged(command, env, work_dir / f"supernode{index}.log")
+        started.append(node)
+        extra = " (unregistered key)" if index >= num_clients else ""
+        print(f"SuperNode {index} pid {node.pid}{extra}", flush=True)
+
+
+def _unregistered_admitted(nodes: list[subprocess.Popen], first_index: int) -> bool:
+    """Print each unregistered SuperNode's fate; True when one got in (the deployment is not secure)."""
+    admitted = False
+    for index, node in enumerate(nodes, start=first_index):
+        refused = node.poll()
+        print(f"unregistered SuperNode {index}: {f'refused, exit code {refused}' if refused else 'ACCEPTED'}")
+        admitted = admitted or not refused
+    sys.stdout.flush()
+    return admitted
+
+
 def deploy(
     overrides: Mapping[str, Any],
     num_clients: int,
@@ -115,82 +193,22 @@ def deploy(
     (flwr_home / "config.toml").write_text(
         tomli_w.dumps({"superlink": {"default": "deploy", "deploy": connection}})
     )
-    link_security = (
-        [
-            "--ssl-ca-certfile",
-            str(certs["ca"]),
-            "--ssl-certfile",
-            str(certs["cert"]),
-            "--ssl-keyfile",
-            str(certs["key"]),
-        ]
-        if certs
-        else ["--insecure"]
-    )
-    node_security = ["--root-certificates", str(certs["ca"])] if certs else ["--insecure"]
     names = [f"node{i}" for i in range(num_clients + security.unregistered_nodes)]
     keys = make_node_keys(work_dir / "keys", names) if security.auth else {}
     started: list[subprocess.Popen] = []
-    pids: dict[str, int] = {}
     lost = ""  # the SuperLink died on its own: said once every process has stopped
     interrupted: Interrupted | None = None
     try:
-        superlink = start_logged(
-            [
-                console_script("flower-superlink"),
-                *link_security,
-                *(["--enable-supernode-auth"] if security.auth else []),
-                "--disable-runtime-dependency-installation",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(link_port),
-            ],
-            env,
-            work_dir / "superlink.log",
+        superlink = _start_superlink(env, work_dir, link_port, certs, security, started)
+        _start_supernodes(
+            env, work_dir, link_port, certs, keys, names, num_clients, out_dir, node_data, started
         )
-        started.append(superlink)
-        pids["superlink"] = superlink.pid
-        wait_for_health(
-            link_port,
-            superlink,
-            START_TIMEOUT_S,
-            f"flower-superlink (log {work_dir / 'superlink.log'})",
-            ca_file=certs.get("ca"),
-        )
-        mode = ", ".join(m for m, on in (("TLS", security.tls), ("SuperNode auth", security.auth)) if on)
-        print(f"SuperLink pid {superlink.pid} on 127.0.0.1:{link_port} ({mode or 'insecure'})", flush=True)
-        for name in names[:num_clients]:  # only these keys are registered
-            if keys:
-                register = [console_script("flwr"), "supernode", "register", str(keys[name][1]), "deploy"]
-                subprocess.run(register, env=env, check=True, capture_output=True, timeout=60)
-        for index, name in enumerate(names):
-            extra = index >= num_clients
-            auth = ["--auth-supernode-private-key", str(keys[name][0])] if keys else []
-            node = start_logged(
-                [
-                    console_script("flower-supernode"),
-                    *node_security,
-                    *auth,
-                    "--superlink",
-                    f"127.0.0.1:{link_port}",
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    node_config(index, num_clients, Path(overrides["out-dir"]), node_data),
-                ],
-                env,
-                work_dir / f"supernode{index}.log",
-            )
-            started.append(node)
-            pids[f"supernode{index}"] = node.pid
-            print(f"SuperNode {index} pid {node.pid}{' (unregistered key)' if extra else ''}", flush=True)
         run_config = work_dir / "run-config.toml"
         run_config.write_text(tomli_w.dumps(dict(overrides)))
         app_dir = flower_app_dir(work_dir)  # the app's packages, copied
         command = [console_script("flwr"), "run", str(app_dir), "deploy", "--stream"]
         command += ["--run-config", str(run_config)]
-        log_path = Path(overrides["out-dir"]) / "flower.log"
+        log_path = out_dir / "flower.log"
         print(f"flwr run (full log: {log_path})", flush=True)
         try:
             code = run_filtered(command, env, log_path, quiet=False, cwd=app_dir, started=started)
@@ -199,12 +217,9 @@ def deploy(
             raise
         if code != 0 and superlink.poll() is not None:  # it died on its own, mid-run
             lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
-        for index in range(num_clients, len(names)):
-            refused = started[1 + index].poll()
-            verdict = f"refused, exit code {refused}" if refused else "ACCEPTED"
-            print(f"unregistered SuperNode {index}: {verdict}", flush=True)
-            if not refused:
-                code = code or 1  # a node with an unknown key got in: the deployment is not secure
+        # `started`: the SuperLink, the SuperNodes in order of `names`, then `flwr run`
+        if _unregistered_admitted(started[1 + num_clients : 1 + len(names)], num_clients):
+            code = code or 1  # a node with an unknown key got in: the deployment is not secure
         return code
     except Interrupted as exc:
         interrupted = exc  # told below what the sweep verified
@@ -214,19 +229,20 @@ def deploy(
         if interrupted is not None:
             interrupted.stopped = stopped.describe()
         still_running = [process for process in started if process.poll() is None]
-        pids_path = Path(overrides["out-dir"]) / "deploy-pids.json"
-        pids_path.parent.mkdir(parents=True, exist_ok=True)
-        pids_path.write_text(json.dumps(pids, indent=2))
+        pids = {"superlink": started[0].pid} if started else {}
+        pids.update({f"supernode{i}": node.pid for i, node in enumerate(started[1 : 1 + len(names)])})
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "deploy-pids.json").write_text(json.dumps(pids, indent=2))
         print(f"stopped {len(started) - len(still_running)}/{len(started)} processes", flush=True)
         if not stopped.clean:
             print(f"warning: {stopped.describe()}", file=sys.stderr)
         stop_watchdog(guard)
         if lost:  # the ServerApp is gone now: nothing overwrites the cause any more
-            mark_summary(Path(overrides["out-dir"]), "failed", lost)
+            mark_summary(out_dir, "failed", lost)
             print(f"error: {lost}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+def _parser(prog: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -271,18 +287,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         action="store_true",
         help="--out holds an earlier run's outputs: remove them first (only files fedapp writes)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _checked(args: argparse.Namespace) -> tuple[ResolvedRun, str | None, ContainerRun | None]:
+    """The resolved run, each node's absolute data spec and the container plan, checked before any
+    process starts; ValueError names the first problem."""
     if args.containers and not args.node_data:
-        print(
-            "error: --containers needs --node-data: each SuperNode container mounts its own file",
-            file=sys.stderr,
-        )
-        return 2
+        raise ValueError("--containers needs --node-data: each SuperNode container mounts its own file")
     if args.node_data and not has_placeholder(args.node_data):
-        print(
-            f"error: --node-data needs {PARTITION_PLACEHOLDER} in its path: {args.node_data}", file=sys.stderr
-        )
-        return 2
+        raise ValueError(f"--node-data needs {PARTITION_PLACEHOLDER} in its path: {args.node_data}")
     flags = {
         "method": args.method,
         "dataset": args.dataset or args.node_data,
@@ -290,28 +304,29 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "num-rounds": args.rounds,
         "seed": args.seed,
     }
+    base = {**DEFAULTS, **merge_flags(flags, parse_set_options(args.set), args.out)}
+    run = build_overrides(apply_preset(args.preset, base), args.out)  # resolved once
+    node_data = absolute_spec(args.node_data) if args.node_data else None
+    container_run = None
+    if node_data is None:  # a shared dataset is checked here, as by `fedapp run`
+        validate(run, "flwr", ClientResources(), overwrite=args.overwrite)
+        return run, node_data, container_run
+    if args.containers:  # the images, not this machine, must hold the method's extra
+        images = (args.superlink_image, args.supernode_image)
+        container_run = ContainerRun(node_data, run.config.num_clients, args.unregistered_nodes, *images)
+        site_files(node_data, run.config.num_clients)
+        check_images(run.config.method, container_run)
+    else:  # the nodes' own files are theirs to check (as on real machines); the output folder is ours
+        check_dependencies(run.config.method)
+    check_outputs(run.config, overwrite=args.overwrite)
+    check_out_dir(Path(run.config.out_dir))
+    return run, node_data, container_run
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = _parser(prog).parse_args(argv)
     try:  # fail before starting any process
-        base = {**DEFAULTS, **merge_flags(flags, parse_set_options(args.set), args.out)}
-        run = build_overrides(apply_preset(args.preset, base), args.out)  # resolved once
-        node_data = absolute_spec(args.node_data) if args.node_data else None
-        if node_data is None:  # a shared dataset is checked here, as by `fedapp run`
-            validate(run, "flwr", ClientResources(), overwrite=args.overwrite)
-        elif args.containers:  # the images, not this machine, must hold the method's extra
-            container_run = ContainerRun(
-                node_data,
-                run.config.num_clients,
-                args.unregistered_nodes,
-                args.superlink_image,
-                args.supernode_image,
-            )
-            site_files(node_data, run.config.num_clients)
-            check_images(run.config.method, container_run)
-            check_outputs(run.config, overwrite=args.overwrite)
-            check_out_dir(Path(run.config.out_dir))
-        else:  # the nodes' own files are theirs to check (as on real machines); the output folder is ours
-            check_dependencies(run.config.method)
-            check_outputs(run.config, overwrite=args.overwrite)
-            check_out_dir(Path(run.config.out_dir))
+        run, node_data, container_run = _checked(args)
         if args.dry_run:
             print(f"dry run: {run.config.method} on {run.config.num_clients} SuperNodes: configuration OK")
             return 0
@@ -325,7 +340,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         try:
             with interruptible():
                 security = Security(tls=args.tls, auth=args.auth, unregistered_nodes=args.unregistered_nodes)
-                if args.containers:
+                if container_run is not None:
                     code = deploy_containers(run, container_run, Path(tmp))
                 else:
                     code = deploy(run, run.config.num_clients, Path(tmp), security, node_data)

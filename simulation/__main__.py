@@ -76,11 +76,8 @@ def _add_track(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__)
-    parser.add_argument("--version", action="version", version=version_text())
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`fedapp run`: the run keys, the engine and its resources, the output folder."""
     run = sub.add_parser("run", help="run one experiment and write DIR/summary.json")
     _add_run_arguments(run)
     run.add_argument(
@@ -119,13 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_track(run, "the run (parameters, per-round metrics, status, artifacts)")
 
-    tune = sub.add_parser(
-        "tune", help="choose k without labels (k-min..k-max): print the table, write DIR/tune.json, tune.png"
-    )
-    _add_run_arguments(tune)
-    tune.add_argument("--out", required=True, type=path_argument, help="output directory")
-    tune.add_argument("--overwrite", action="store_true", help="replace an earlier tune.json / tune.png")
 
+def _add_experiment_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`fedapp experiment FILE`: which runs and seeds of the file, where, and reuse of earlier runs."""
     experiment = sub.add_parser("experiment", help="run a TOML experiment file, write a markdown table")
     experiment.add_argument("file", type=path_argument)
     experiment.add_argument(
@@ -150,6 +143,45 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="check every run x seed's configuration and data; run nothing"
     )
     _add_track(experiment, "every run, under one MLflow experiment named after the file's")
+
+
+def _add_listing_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`fedapp datasets` and `fedapp methods` (with `--for DATA`: the advice for a user's data)."""
+    datasets = sub.add_parser("datasets", help="list registered datasets: kind, accepting methods, files")
+    datasets.add_argument("--markdown", action="store_true", help="a markdown table (as in README.md)")
+    methods = sub.add_parser("methods", help="list methods with their config keys, defaults and presets")
+    methods.add_argument("name", nargs="?", help="one method only")
+    methods.add_argument(
+        "--for",
+        dest="for_data",
+        metavar="DATA",
+        help="which methods apply to DATA (a dataset or your files) and which the measured tables favour "
+        "for its shape (site skew measured as FSTC measures it); --clients, --partition and --set as for run",
+    )
+    methods.add_argument("--clients", type=int, default=4, help="with --for: the number of sites")
+    methods.add_argument("--partition", help="with --for: how a benchmark is split over the sites")
+    methods.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="with --for: run-config keys"
+    )
+    methods.add_argument(
+        "--toml", action="store_true", help="print the [tool.flwr.app.config] tables pyproject.toml must hold"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__)
+    parser.add_argument("--version", action="version", version=version_text())
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_run_parser(sub)
+    tune = sub.add_parser(
+        "tune", help="choose k without labels (k-min..k-max): print the table, write DIR/tune.json, tune.png"
+    )
+    _add_run_arguments(tune)
+    tune.add_argument("--out", required=True, type=path_argument, help="output directory")
+    tune.add_argument("--overwrite", action="store_true", help="replace an earlier tune.json / tune.png")
+
+    _add_experiment_parser(sub)
     sub.add_parser(
         "deploy",
         add_help=False,
@@ -176,25 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.add_argument("out", type=path_argument, help="a run's output folder, or one node's folder")
 
-    datasets = sub.add_parser("datasets", help="list registered datasets: kind, accepting methods, files")
-    datasets.add_argument("--markdown", action="store_true", help="a markdown table (as in README.md)")
-    methods = sub.add_parser("methods", help="list methods with their config keys, defaults and presets")
-    methods.add_argument("name", nargs="?", help="one method only")
-    methods.add_argument(
-        "--for",
-        dest="for_data",
-        metavar="DATA",
-        help="which methods apply to DATA (a dataset or your files) and which the measured tables favour "
-        "for its shape (site skew measured as FSTC measures it); --clients, --partition and --set as for run",
-    )
-    methods.add_argument("--clients", type=int, default=4, help="with --for: the number of sites")
-    methods.add_argument("--partition", help="with --for: how a benchmark is split over the sites")
-    methods.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="with --for: run-config keys"
-    )
-    methods.add_argument(
-        "--toml", action="store_true", help="print the [tool.flwr.app.config] tables pyproject.toml must hold"
-    )
+    _add_listing_parsers(sub)
     stop = sub.add_parser(
         "stop-local-superlink",
         help="stop the simulation SuperLink a plain `flwr run` left running (this user, this FLWR_HOME)",
@@ -288,6 +302,60 @@ def _track(
         print(f"tracked {out_dir} in MLflow ({mlflow.uri}): experiment '{experiment}', run {run_id}")
 
 
+def _run_command(args: argparse.Namespace) -> int:
+    """`fedapp run`: check, run, print the metrics and the status; the exit code says how it ended."""
+    resources = ClientResources(args.cpus_per_client, args.gpus_per_client, args.ray_address)
+    check_tracker(args.track)
+    run = _resolved_run(args)  # the run's configuration, resolved once
+    if args.dry_run:
+        cfg = validate(run, args.engine, resources, overwrite=args.overwrite)
+        print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
+        return 0
+    try:
+        summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)
+    except RunError:
+        _track(args.track, RUN_EXPERIMENT, args.out.parent, [(args.out, args.out.name, {})])
+        raise
+    print()
+    print(format_metrics_table([summary]))
+    print(f"\nwrote {args.out / 'summary.json'} and {args.out / REPORT_FILE}")
+    _track(args.track, RUN_EXPERIMENT, args.out.parent, [(args.out, args.out.name, {})])
+    print(status_line(summary), file=sys.stdout if exit_code(summary) == 0 else sys.stderr)
+    return exit_code(summary)
+
+
+def _experiment_command(args: argparse.Namespace) -> int:
+    """`fedapp experiment FILE`: every run x seed of the file, then its table."""
+    check_tracker(args.track)
+    experiment = load_experiment(args.file)
+    if args.seeds:
+        experiment = dataclasses.replace(experiment, seeds=list(args.seeds))
+    out_root = args.out or Path("results") / experiment.name
+    only = set(args.only) if args.only else None
+    reuse = {"resume": args.resume, "overwrite": args.overwrite}
+    if args.dry_run:
+        count = check_experiment(experiment, out_root, engine=args.engine, only=only, **reuse)
+        print(f"dry run: {count} run(s) of '{experiment.name}': configuration and data OK")
+        return 0
+    tracked: list[tuple[Path, str, dict[str, str]]] = []
+    try:
+        run_experiment(
+            experiment,
+            out_root,
+            engine=args.engine,
+            only=only,
+            on_run=lambda label, seed, out: tracked.append(
+                (out, f"{label} s{seed}", {"fedapp.seed": str(seed)})
+            ),
+            **reuse,
+        )
+    finally:  # the runs that finished are tracked even when a later one failed
+        _track(args.track, experiment.name, out_root.parent, tracked)
+    print((out_root / "table.md").read_text())
+    print(f"wrote {out_root / 'table.md'} and {out_root / TABLE_PAGE}")
+    return 0
+
+
 def _command(args: argparse.Namespace) -> int:
     if args.command == "stop-local-superlink":
         return _stop_local_superlinks(args.flwr_home)
@@ -328,52 +396,9 @@ def _command(args: argparse.Namespace) -> int:
 
         print(tune_command(_resolved_run(args), overwrite=args.overwrite))
     elif args.command == "run":
-        resources = ClientResources(args.cpus_per_client, args.gpus_per_client, args.ray_address)
-        check_tracker(args.track)
-        run = _resolved_run(args)  # the run's configuration, resolved once
-        if args.dry_run:
-            cfg = validate(run, args.engine, resources, overwrite=args.overwrite)
-            print(f"dry run: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients: all checks passed")
-            return 0
-        try:
-            summary = execute(run, args.engine, resources=resources, overwrite=args.overwrite)
-        except RunError:
-            _track(args.track, RUN_EXPERIMENT, args.out.parent, [(args.out, args.out.name, {})])
-            raise
-        print()
-        print(format_metrics_table([summary]))
-        print(f"\nwrote {args.out / 'summary.json'} and {args.out / REPORT_FILE}")
-        _track(args.track, RUN_EXPERIMENT, args.out.parent, [(args.out, args.out.name, {})])
-        print(status_line(summary), file=sys.stdout if exit_code(summary) == 0 else sys.stderr)
-        return exit_code(summary)
+        return _run_command(args)
     else:
-        check_tracker(args.track)
-        experiment = load_experiment(args.file)
-        if args.seeds:
-            experiment = dataclasses.replace(experiment, seeds=list(args.seeds))
-        out_root = args.out or Path("results") / experiment.name
-        only = set(args.only) if args.only else None
-        reuse = {"resume": args.resume, "overwrite": args.overwrite}
-        if args.dry_run:
-            count = check_experiment(experiment, out_root, engine=args.engine, only=only, **reuse)
-            print(f"dry run: {count} run(s) of '{experiment.name}': configuration and data OK")
-            return 0
-        tracked: list[tuple[Path, str, dict[str, str]]] = []
-        try:
-            run_experiment(
-                experiment,
-                out_root,
-                engine=args.engine,
-                only=only,
-                on_run=lambda label, seed, out: tracked.append(
-                    (out, f"{label} s{seed}", {"fedapp.seed": str(seed)})
-                ),
-                **reuse,
-            )
-        finally:  # the runs that finished are tracked even when a later one failed
-            _track(args.track, experiment.name, out_root.parent, tracked)
-        print((out_root / "table.md").read_text())
-        print(f"wrote {out_root / 'table.md'} and {out_root / TABLE_PAGE}")
+        return _experiment_command(args)
     return 0
 
 
