@@ -8,7 +8,10 @@ run's box and Gaussian (`null_rows`), a box whose within-centre spread is taken 
 squares a client instead of one; not what a run does), and an exact box of the data's own per-axis
 spread (what no run can know); then the run's own choice and verdict at that seed (`select_k`).
 
-    python -m simulation.bench.null_noise [--seeds 4]
+    python -m simulation.bench.null_noise [--seeds 4] [--splits 4]
+
+`--splits` sets the data's split pairs (a run uses `SPLITS` = 4; each pair adds a k x k table per
+candidate to round B); the nulls keep 4.
 """
 
 from __future__ import annotations
@@ -55,12 +58,12 @@ def per_dimension_box(
     ]
 
 
-def measure(X: np.ndarray, seed: int) -> dict[str, dict[int, float | None]]:
+def measure(X: np.ndarray, seed: int, splits: int = sel.SPLITS) -> dict[str, dict[int, float | None]]:
     parts = np.array_split(X, CLIENTS)
     k_local = sel.local_k(sel.DEFAULT_K_MAX, CLIENTS)
     summaries = [sel.local_summary(P, k_local, seed + i, FLOOR) for i, P in enumerate(parts)]
     centres, sizes, squares = ([s[i] for s in summaries] for i in range(3))
-    pairs = sel.split_centres(centres, sizes, KS, seed)
+    pairs = sel.split_centres(centres, sizes, KS, seed, splits=splits)
     data = {k: sel.stability(sum(sel._agreement(P, pairs[k]) for P in parts))[0] for k in KS}
 
     def null(rows: list[np.ndarray]) -> dict[int, float | None]:
@@ -80,12 +83,13 @@ def measure(X: np.ndarray, seed: int) -> dict[str, dict[int, float | None]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m simulation.bench.null_noise")
     parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--splits", type=int, default=sel.SPLITS, help="the data's split pairs")
     args = parser.parse_args(argv)
     print("| set | seed | stability at k = " + ", ".join(map(str, KS)) + " | run's choice |")
     print("|---|---|---|---|")
     for name, X in boxes().items():
         for seed in range(args.seeds):
-            rows = measure(X, seed)
+            rows = measure(X, seed, args.splits)
             cells = "<br>".join(
                 f"{what}: " + " ".join(f"{v:.2f}" if v is not None else "-" for v in row.values())
                 for what, row in rows.items()
