@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,19 @@ def _toml_string(value: str) -> str:
     return f"'{value}'"
 
 
+@dataclass
+class _Started:
+    """Every process the deployment started, in `processes` (stopped whatever happens; `flwr run` joins it
+    there), and the SuperLink's and each SuperNode's by name in `named` (deploy-pids.json, the verdicts)."""
+
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    named: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def add(self, name: str, process: subprocess.Popen) -> None:
+        self.processes.append(process)
+        self.named[name] = process
+
+
 def _security_flags(certs: Mapping[str, Path]) -> tuple[list[str], list[str]]:
     """(the SuperLink's, a SuperNode's) TLS flags: the certificates of deploy/secure.py, or --insecure."""
     if not certs:
@@ -109,9 +122,9 @@ def _start_superlink(
     port: int,
     certs: Mapping[str, Path],
     security: Security,
-    started: list[subprocess.Popen],
+    started: _Started,
 ) -> subprocess.Popen:
-    """flower-superlink on 127.0.0.1:`port` (its log in work_dir), appended to `started` as it starts (the
+    """flower-superlink on 127.0.0.1:`port` (its log in work_dir), added to `started` as it starts (the
     caller stops it whatever happens), returned once its health check answers."""
     command = [
         console_script("flower-superlink"),
@@ -121,7 +134,7 @@ def _start_superlink(
         *("--host", "127.0.0.1", "--port", str(port)),
     ]
     superlink = start_logged(command, env, work_dir / "superlink.log")
-    started.append(superlink)
+    started.add("superlink", superlink)
     what = f"flower-superlink (log {work_dir / 'superlink.log'})"
     wait_for_health(port, superlink, START_TIMEOUT_S, what, ca_file=certs.get("ca"))
     mode = ", ".join(m for m, on in (("TLS", security.tls), ("SuperNode auth", security.auth)) if on)
@@ -139,10 +152,10 @@ def _start_supernodes(
     num_clients: int,
     out_dir: Path,
     node_data: str | None,
-    started: list[subprocess.Popen],
+    started: _Started,
 ) -> None:
     """Register the first `num_clients` nodes' keys (with auth), then start a flower-supernode per name,
-    each appended to `started` as it starts (the caller stops them whatever happens)."""
+    each added to `started` as `supernode<i>` as it starts (the caller stops them whatever happens)."""
     for name in names[:num_clients]:  # only these keys are registered
         if keys:
             register = [console_script("flwr"), "supernode", "register", str(keys[name][1]), "deploy"]
@@ -157,7 +170,7 @@ def _start_supernodes(
             *("--node-config", node_config(index, num_clients, out_dir, node_data)),
         ]
         node = start_logged(command, env, work_dir / f"supernode{index}.log")
-        started.append(node)
+        started.add(f"supernode{index}", node)
         extra = " (unregistered key)" if index >= num_clients else ""
         print(f"SuperNode {index} pid {node.pid}{extra}", flush=True)
 
@@ -195,7 +208,7 @@ def deploy(
     )
     names = [f"node{i}" for i in range(num_clients + security.unregistered_nodes)]
     keys = make_node_keys(work_dir / "keys", names) if security.auth else {}
-    started: list[subprocess.Popen] = []
+    started = _Started()
     lost = ""  # the SuperLink died on its own: said once every process has stopped
     interrupted: Interrupted | None = None
     try:
@@ -211,29 +224,29 @@ def deploy(
         log_path = out_dir / "flower.log"
         print(f"flwr run (full log: {log_path})", flush=True)
         try:
-            code = run_filtered(command, env, log_path, quiet=False, cwd=app_dir, started=started)
+            code = run_filtered(command, env, log_path, quiet=False, cwd=app_dir, started=started.processes)
         except Interrupted:  # in the final report, the run has run through: let it keep its outputs
             await_report(out_dir, REPORT_GRACE_S)
             raise
         if code != 0 and superlink.poll() is not None:  # it died on its own, mid-run
             lost = f"SuperLink connection lost (flower-superlink exit code {superlink.returncode})"
-        # `started`: the SuperLink, the SuperNodes in order of `names`, then `flwr run`
-        if _unregistered_admitted(started[1 + num_clients : 1 + len(names)], num_clients):
+        strangers = [started.named[f"supernode{index}"] for index in range(num_clients, len(names))]
+        if _unregistered_admitted(strangers, num_clients):
             code = code or 1  # a node with an unknown key got in: the deployment is not secure
         return code
     except Interrupted as exc:
         interrupted = exc  # told below what the sweep verified
         raise
     finally:
-        stopped = stop_run(env[RUN_TOKEN_ENV], flwr_home, started)  # the token, the private home, descent
+        stopped = stop_run(env[RUN_TOKEN_ENV], flwr_home, started.processes)  # token, private home, descent
         if interrupted is not None:
             interrupted.stopped = stopped.describe()
-        still_running = [process for process in started if process.poll() is None]
-        pids = {"superlink": started[0].pid} if started else {}
-        pids.update({f"supernode{i}": node.pid for i, node in enumerate(started[1 : 1 + len(names)])})
+        still_running = [process for process in started.processes if process.poll() is None]
+        pids = {name: process.pid for name, process in started.named.items()}
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "deploy-pids.json").write_text(json.dumps(pids, indent=2))
-        print(f"stopped {len(started) - len(still_running)}/{len(started)} processes", flush=True)
+        total = len(started.processes)
+        print(f"stopped {total - len(still_running)}/{total} processes", flush=True)
         if not stopped.clean:
             print(f"warning: {stopped.describe()}", file=sys.stderr)
         stop_watchdog(guard)
