@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,7 +75,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="stackoverflow")
     parser.add_argument("--data-dir", default=None)
@@ -92,35 +93,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--purity", type=positive_int, nargs="+", metavar="N", help="print N-NN label purity and stop"
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    torch.manual_seed(args.seed)
+
+def _embeddings(args: argparse.Namespace) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The dataset, its embeddings and the two views trained on (both the embeddings unless pairs);
+    ValueError (DatasetError, EmbeddingError) names what is missing."""
+    data = load_dataset(args.dataset, args.data_dir)
+    embeddings = torch.from_numpy(np.array(dataset_embeddings(data, MODEL, MAX_LENGTH, "cpu")))
+    if args.views != "pairs":
+        return data, embeddings, embeddings, embeddings
+    pair = dataset_augmented_embeddings(data, str(args.data_dir or ""), MODEL, MAX_LENGTH, "cpu")
+    view1, view2 = (torch.from_numpy(np.array(view)) for view in pair)
+    return data, embeddings, view1, view2
+
+
+def _train(
+    args: argparse.Namespace,
+    embeddings: torch.Tensor,
+    views: tuple[torch.Tensor, torch.Tensor],
+    truth: np.ndarray,
+    k: int,
+) -> None:
+    """Adapter + F from the nearest-centre classifier, cross-entropy on Sinkhorn pseudo-labels; prints
+    argmax O and k-means of the representations every 1,000 steps and at the end."""
     rng = np.random.default_rng(args.seed)
-    try:  # unknown dataset, missing files, no texts, no augmented views: one line, no traceback
-        data = load_dataset(args.dataset, args.data_dir)
-        embeddings = torch.from_numpy(np.array(dataset_embeddings(data, MODEL, MAX_LENGTH, "cpu")))
-        if args.views == "pairs":
-            pair = dataset_augmented_embeddings(data, str(args.data_dir or ""), MODEL, MAX_LENGTH, "cpu")
-            view1, view2 = (torch.from_numpy(np.array(view)) for view in pair)
-        else:
-            view1 = view2 = embeddings
-    except ValueError as exc:  # DatasetError and EmbeddingError are ValueErrors
-        parser.error(str(exc))
-    if args.batch_size > len(embeddings):
-        parser.error(f"--batch-size {args.batch_size} exceeds the {len(embeddings)} texts of {args.dataset}")
-    k = n_classes = data.n_classes
-    truth = np.asarray(data.y)
-    if args.purity:
-        try:
-            purity = neighbour_purity(embeddings.numpy(), truth, sorted(set(args.purity)))
-        except ValueError as exc:
-            parser.error(str(exc))
-        for n, share in purity.items():
-            print(f"{n}-NN label purity of the embeddings: {100 * share:.2f} %", flush=True)
-        return 0
-
     centres, initial = kmeans(embeddings.numpy(), k, seed=args.seed)
-    print(f"k-means of the embeddings: {scores(initial, truth, k, n_classes)}", flush=True)
+    print(f"k-means of the embeddings: {scores(initial, truth, k, k)}", flush=True)
     adapter = ResidualAdapter(embeddings.shape[1], embeddings.shape[1])
     head = torch.nn.Linear(embeddings.shape[1], k)
     with torch.no_grad():  # argmax O = the nearest initial centre
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     for step in range(1, args.steps + 1):
         batch = torch.from_numpy(rng.choice(len(embeddings), args.batch_size, replace=False))
-        e1, e2 = adapter(view1[batch]), adapter(view2[batch])
+        e1, e2 = adapter(views[0][batch]), adapter(views[1][batch])
         loss = cross_entropy(head(e1), targets[batch]) + cross_entropy(head(e2), targets[batch])
         if args.info_nce > 0:
             loss = loss + args.info_nce * info_nce_loss(e1, e2, args.temperature)
@@ -153,10 +152,32 @@ def main(argv: list[str] | None = None) -> int:
             _, km_labels = kmeans(representations.numpy(), k, seed=args.seed, n_init=3)
             print(
                 f"step {step} ({time.time() - started:.0f} s): argmax O "
-                f"{scores(outputs.argmax(1).numpy(), truth, k, n_classes)}; k-means of E "
-                f"{scores(km_labels, truth, k, n_classes)}",
+                f"{scores(outputs.argmax(1).numpy(), truth, k, k)}; k-means of E "
+                f"{scores(km_labels, truth, k, k)}",
                 flush=True,
             )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    try:  # unknown dataset, missing files, no texts, no augmented views: one line, no traceback
+        data, embeddings, view1, view2 = _embeddings(args)
+    except ValueError as exc:  # DatasetError and EmbeddingError are ValueErrors
+        parser.error(str(exc))
+    if args.batch_size > len(embeddings):
+        parser.error(f"--batch-size {args.batch_size} exceeds the {len(embeddings)} texts of {args.dataset}")
+    truth = np.asarray(data.y)
+    if args.purity:
+        try:
+            purity = neighbour_purity(embeddings.numpy(), truth, sorted(set(args.purity)))
+        except ValueError as exc:
+            parser.error(str(exc))
+        for n, share in purity.items():
+            print(f"{n}-NN label purity of the embeddings: {100 * share:.2f} %", flush=True)
+        return 0
+    _train(args, embeddings, (view1, view2), truth, data.n_classes)
     return 0
 
 
