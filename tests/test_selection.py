@@ -285,3 +285,24 @@ def test_dp_and_own_k_methods_refuse_k_0_without_labels_secagg_and_vertical_do_n
     with pytest.raises(ConfigError, match="dp.epsilon=2"):
         selection_space(cfg("kfed", **{"dp.epsilon": 2.0}))
     assert selection_space(cfg("fsbert-kfed")) == "embeddings" and selection_space(cfg("ccfc")) == "features"
+
+
+def test_the_null_draws_bench_scores_against_the_draws_mean_and_a_draw_taken_as_data() -> None:
+    """simulation.bench.null_draws: excess and z against the more stable shape's mean over draws, and
+    the reference: each draw's best excess against the mean of the other draws."""
+    from simulation.bench.null_draws import KS, reference, score
+
+    table: dict[str, dict[int, float]] = {"data": dict.fromkeys(KS, 0.3) | {5: 0.9}}
+    for draw, value in enumerate((0.4, 0.6)):  # the box: 0.5 on average at every k
+        table[f"box {draw}"] = dict.fromkeys(KS, value)
+        table[f"gauss {draw}"] = dict.fromkeys(KS, 0.2)
+    best = score(table, draws=2)
+    assert best["k"] == 5 and best["m0"] == pytest.approx(0.5)
+    assert best["excess"] == pytest.approx(0.8) and best["z"] == pytest.approx(
+        0.4 / np.std([0.4, 0.6], ddof=1)
+    )
+    assert best["run excess"] == pytest.approx((0.9 - 0.4) / 0.6)  # draw 0 alone, as a run scores
+    # draw 0 (0.4) against draw 1 (0.6): (0.4 - 0.6) / 0.4; draw 1 against draw 0: (0.6 - 0.4) / 0.6
+    assert reference(table, draws=2) == pytest.approx(
+        {"reference max": 1 / 3, "reference mean": (1 / 3 - 0.5) / 2}
+    )
