@@ -26,11 +26,10 @@ import argparse
 import numpy as np
 
 from fedapp.maths import selection as sel
-from simulation.bench.null_noise import boxes
+from simulation.bench.null_noise import FLOOR, boxes, data_side
 from simulation.bench.selection import SYNTHETIC, _rows, _split
 
 KS = tuple(range(2, 31))
-FLOOR = 5
 DEFAULT_SETS = (
     "box A",
     "box B",
@@ -62,15 +61,10 @@ def parts_of(name: str) -> list[np.ndarray]:
     return [np.asarray(X[owner == c], dtype=np.float64) for c in range(10)]
 
 
-def measure(parts: list[np.ndarray], seed: int, draws: int) -> dict[str, dict[int, float]]:
+def measure(parts: list[np.ndarray], seed: int, draws: int) -> dict[str, dict[int, float | None]]:
     """The data's stability at KS and each null shape's per-draw stability (draw 0 is the run's)."""
-    k_local = sel.local_k(sel.DEFAULT_K_MAX, len(parts))
-    summaries = [sel.local_summary(P, k_local, seed + i, FLOOR) for i, P in enumerate(parts)]
-    centres, sizes, squares = ([s[i] for s in summaries] for i in range(3))
-    pairs = sel.split_centres(centres, sizes, KS, seed)
-    out: dict[str, dict[int, float]] = {
-        "data": {k: sel.stability(sum(sel._agreement(P, pairs[k]) for P in parts))[0] for k in KS}
-    }
+    k_local, (centres, sizes, squares), data = data_side(parts, KS, seed)
+    out: dict[str, dict[int, float | None]] = {"data": data}
     for shape in sel.NULL_SHAPES:
         for draw in range(draws):
             s = seed + 1000 * draw

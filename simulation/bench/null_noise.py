@@ -58,13 +58,22 @@ def per_dimension_box(
     ]
 
 
-def measure(X: np.ndarray, seed: int, splits: int = sel.SPLITS) -> dict[str, dict[int, float | None]]:
-    parts = np.array_split(X, CLIENTS)
-    k_local = sel.local_k(sel.DEFAULT_K_MAX, CLIENTS)
+def data_side(
+    parts: Sequence[np.ndarray], ks: Sequence[int], seed: int, splits: int = sel.SPLITS
+) -> tuple[int, tuple[list[np.ndarray], list[np.ndarray], list[float]], dict[int, float | None]]:
+    """What a run measures on the clients' rows: the local k', round A's summaries (local centres, their
+    sizes, each client's sum of squared norms) and the data's stability at `ks` from `splits` pairs."""
+    k_local = sel.local_k(sel.DEFAULT_K_MAX, len(parts))
     summaries = [sel.local_summary(P, k_local, seed + i, FLOOR) for i, P in enumerate(parts)]
     centres, sizes, squares = ([s[i] for s in summaries] for i in range(3))
-    pairs = sel.split_centres(centres, sizes, KS, seed, splits=splits)
-    data = {k: sel.stability(sum(sel._agreement(P, pairs[k]) for P in parts))[0] for k in KS}
+    pairs = sel.split_centres(centres, sizes, ks, seed, splits=splits)
+    data = {k: sel.stability(sum(sel._agreement(P, pairs[k]) for P in parts))[0] for k in ks}
+    return k_local, (centres, sizes, squares), data
+
+
+def measure(X: np.ndarray, seed: int, splits: int = sel.SPLITS) -> dict[str, dict[int, float | None]]:
+    parts = np.array_split(X, CLIENTS)
+    k_local, (centres, sizes, squares), data = data_side(parts, KS, seed, splits)
 
     def null(rows: list[np.ndarray]) -> dict[int, float | None]:
         return sel.null_stability(rows, KS, k_local, FLOOR, seed)
