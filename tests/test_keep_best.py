@@ -248,3 +248,42 @@ def test_select_table_fits_the_margin_without_the_setting_it_reports(
     assert rows["gain-a-s0"].endswith("| 0.005 | start | +0.00 | -1.00 |")
     assert rows["collapse-s0"].split(" | ")[6] == "start" and rows["gain-b-s0"].split(" | ")[6] == "final"
     assert rows["fewer-s0"].split(" | ")[6] == "start"
+
+
+def test_loss_on_table_fits_the_k_threshold_without_the_dataset_it_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three datasets: O better at k = 4, softmax(O) better at k = 20 and at k = 150. Left out, k = 150 is
+    served by the threshold the other two fit (k >= 20: softmax, no loss); k = 20 by the one k = 4 and
+    k = 150 fit (k >= 150: O there, losing its 5-point lead on the final and the kept model)."""
+    from simulation.bench.loss_on_table import main
+
+    def run(target: str, name: str, dataset: str, k: int, nmi_final: float) -> None:
+        select = {
+            "scatter": {
+                "start": {"ssb": 100.0, "ssw": 100.0, "n": 500, "clusters_used": k},
+                "final": {"ssb": 100.0, "ssw": 100.0, "n": 500, "clusters_used": k},  # final kept
+            },
+            "labelled": {"start": {"nmi": 0.40}, "final": {"nmi": nmi_final}},
+        }
+        summary = {"dataset": dataset, "k": k, "report": {"select": select}, "fstc": {"site_skew": 0.1}}
+        (tmp_path / target / name).mkdir(parents=True)
+        (tmp_path / target / name / "summary.json").write_text(json.dumps(summary))
+
+    for name, dataset, k, (o, soft) in (
+        ("few-s0", "agnews", 4, (0.60, 0.50)),
+        ("mid-s0", "stackoverflow", 20, (0.50, 0.55)),
+        ("many-s0", "clinc150", 150, (0.80, 0.85)),
+    ):
+        run("scores", name, dataset, k, o)
+        run("softmax", name, dataset, k, soft)
+    assert main([str(tmp_path / "scores"), str(tmp_path / "softmax"), "--runs"]) == 0
+    rows = {
+        line.split(" | ")[0][2:]: line.split(" | ")
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["clinc150"][5:8] == ["k ≥ 20", "softmax", "0.00"]
+    assert rows["stackoverflow"][5:8] == ["k ≥ 150", "scores", "10.00"]
+    assert rows["agnews"][6:8] == ["scores", "0.00"]
+    assert rows["mid-s0"][2:5] == ["0.100", "50.00 / 55.00", "50.00 / 55.00 |"]
