@@ -122,7 +122,8 @@ class FSTCConfig(ConfigSection):
         "scores",
         choices=LOSS_TARGETS,
         doc="what Q is compared with in Eq. 14 (and Eq. 8 unless residual-on): O (the paper's), or "
-        "softmax(O): 2.3 NMI more with 150 clusters, 2-5 less with 4 (docs/methods/fstc.md)",
+        "softmax(O): 2.5 NMI more with 150 clusters and 1.6 with 20 on IID sites, 4.1 less with 4 and "
+        "3.0 with 20 under label skew (3 seeds, docs/methods/fstc.md)",
     )
     head_init: str = config_key(
         HEAD_INIT_CENTRES,
