@@ -24,8 +24,8 @@ from pathlib import Path
 from fedapp.report.keep import KEEP_MARGIN
 from simulation.bench.select_table import read
 
-TARGETS = ("scores", "softmax")
 NEVER = 10**6  # a threshold no k reaches: O everywhere
+ALWAYS = 0  # a threshold every k reaches: softmax(O) everywhere
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def table(runs: list[Pair]) -> str:
             at_k = [p for p in mine if p.k == k]
             final = sum(p.final["softmax"] - p.final["scores"] for p in at_k) / len(at_k)
             kept = sum(p.kept["softmax"] - p.kept["scores"] for p in at_k) / len(at_k)
-            loss = [sum(p.loss(t) for p in at_k) / len(at_k) for t in (threshold, NEVER, 0)]
+            loss = [sum(p.loss(t) for p in at_k) / len(at_k) for t in (threshold, NEVER, ALWAYS)]
             lines.append(
                 f"| {dataset} | {k} | {len(at_k)} | {final:+.2f} | {kept:+.2f} | {_threshold(threshold)} "
                 f"| {at_k[0].target(threshold)} | {loss[0]:.2f} | {loss[1]:.2f} | {loss[2]:.2f} |"
