@@ -49,6 +49,7 @@ OUT = Path("results/selection-bench")
 # through k-FED on their features; a second truth where a set has one (CLINC150's domains)
 REGISTERED = {
     "digits": ("kfed", "digits", "none"),
+    "digits-zscore": ("kfed", "digits", "zscore"),
     "hw": ("kfed", "hw", "none"),
     "hw-zscore": ("kfed", "hw", "zscore"),
     "bdgp": ("kfed", "bdgp", "none"),
@@ -56,6 +57,7 @@ REGISTERED = {
     "drybean": ("kfed", "drybean", "none"),
     "drybean-zscore": ("kfed", "drybean", "zscore"),
     "mnist": ("kfed", "mnist", "none"),
+    "mnist-zscore": ("kfed", "mnist", "zscore"),
     "stackoverflow": ("fsbert-kfed", "stackoverflow", "none"),
     "biomedical": ("fsbert-kfed", "biomedical", "none"),
     "agnews": ("fsbert-kfed", "agnews", "none"),
