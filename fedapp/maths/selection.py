@@ -79,8 +79,9 @@ class StabilityRule:
     chosen k (the data do not decide within that range). All were chosen leaving one dataset out
     (`simulation.bench.selection --loo`, docs/model-selection.md): each benchmark's row there uses the
     constants fitted on the others. These were the fit on all of them; with the null's signs fixed that fit
-    moved by 2 loss points (0.02, 0.0, 0.0, 0.2, 0.8, None), and these stay: the fit's call structureless
-    clouds outside the table strong (docs/model-selection.md, "The code's constants against the fit")."""
+    moved by 2 loss points (0.02, 0.0, 0.0, 0.2, 0.8, None), and these stay: the fit's constants call
+    structureless clouds outside the table strong (docs/model-selection.md, "The code's constants against
+    the fit")."""
 
     tolerance: float = 0.03
     weak_below: float = 0.2
@@ -203,13 +204,19 @@ def _cloud(
     """The federation's shape from round A: (mean, singular values and principal axes of the size-weighted
     between-centre spread, the within-centre spread per record: sum ||x||^2 - sum n_j ||c_j||^2, over n)."""
     union, weights = _union(centres, sizes)
+    mean, singular, axes = principal_axes(union, weights)
+    within = max(float(np.sum(squares)) - float(weights @ (union**2).sum(1)), 0.0) / float(weights.sum())
+    return mean, singular, axes, within
+
+
+def principal_axes(union: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The size-weighted mean of the union of local centres, and the singular values and principal axes
+    of their between-centre spread, the axes signed canonically (`canonical_axes`)."""
     n = float(weights.sum())
     mean = weights @ union / n
     factor = np.sqrt(weights / n)[:, None] * (union - mean)  # factor.T @ factor = between-centre covariance
     _, singular, axes = np.linalg.svd(factor, full_matrices=False)
-    axes = canonical_axes(axes)
-    within = max(float(np.sum(squares)) - float(weights @ (union**2).sum(1)), 0.0) / n
-    return mean, singular, axes, within
+    return mean, singular, canonical_axes(axes)
 
 
 def canonical_axes(axes: np.ndarray) -> np.ndarray:

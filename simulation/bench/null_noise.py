@@ -45,9 +45,7 @@ def per_dimension_box(
     union = np.concatenate(centres)
     weights = np.concatenate(sizes).astype(np.float64)
     n = weights.sum()
-    mean = weights @ union / n
-    _, singular, axes = np.linalg.svd(np.sqrt(weights / n)[:, None] * (union - mean), full_matrices=False)
-    axes = sel.canonical_axes(axes)
+    mean, singular, axes = sel.principal_axes(union, weights)
     spread = np.sqrt(np.maximum(squares - weights @ union**2, 0.0) / n)
     rng = np.random.default_rng([seed, 0x0B, 1])
     root3 = np.sqrt(3.0)
