@@ -28,6 +28,8 @@ def _verdict_line(selection: dict[str, Any]) -> str:
         line += f"; as stable within the tolerance: k = {low}..{high}"
     if sure.get("runner_up"):
         line += f"; runner-up k: {', '.join(str(k) for k in sure['runner_up'])}"
+    if sure.get("gap") is not None:
+        line += f"; gap over a cloud without clusters: {sure['gap']:.3f}"
     if sure.get("extended"):
         ext = sure["extended"]
         line += f"; range extended from k-max {ext['from']} to {ext['to']} ({ext['passes']} passes)"

@@ -69,7 +69,8 @@ def measure(parts: list[np.ndarray], seed: int, draws: int) -> dict[str, dict[in
         for draw in range(draws):
             s = seed + 1000 * draw
             rows = sel.null_rows(centres, sizes, squares, s, shape=shape)
-            out[f"{shape} {draw}"] = sel.null_stability(rows, KS, k_local, FLOOR, s)
+            null = sel.null_statistics(rows, KS, k_local, FLOOR, s)
+            out[f"{shape} {draw}"] = {k: v["stability"] for k, v in null.items()}
     return out
 
 

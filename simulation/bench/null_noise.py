@@ -9,6 +9,10 @@ squares a client instead of one; not what a run does), and an exact box of the d
 spread (what no run can know); then the run's own choice and verdict at that seed (`select_k`).
 
     python -m simulation.bench.null_noise [--seeds 4] [--splits 4]
+    python -m simulation.bench.null_noise --choices [--seeds 4]
+
+`--choices` prints only the run's choice on each structureless cloud of `tests/test_selection.py` (a round
+and an elongated Gaussian, boxes A and B): k, verdict, excess and gap at k, and the first reason it is weak.
 
 `--splits` sets the data's split pairs (a run uses `SPLITS` = 4; each pair adds a k x k table per
 candidate to round B); the nulls keep 4.
@@ -75,7 +79,7 @@ def measure(X: np.ndarray, seed: int, splits: int = sel.SPLITS) -> dict[str, dic
     k_local, (centres, sizes, squares), data = data_side(parts, KS, seed, splits)
 
     def null(rows: list[np.ndarray]) -> dict[int, float | None]:
-        return sel.null_stability(rows, KS, k_local, FLOOR, seed)
+        return {k: v["stability"] for k, v in sel.null_statistics(rows, KS, k_local, FLOOR, seed).items()}
 
     exact = np.random.default_rng(seed)
     half_sides = X.std(0) * np.sqrt(3.0)
@@ -88,11 +92,44 @@ def measure(X: np.ndarray, seed: int, splits: int = sel.SPLITS) -> dict[str, dic
     }
 
 
+def clouds() -> dict[str, np.ndarray]:
+    """The structureless clouds `tests/test_selection.py` asks a weak verdict of: a round and an elongated
+    Gaussian (its draws) and the two boxes."""
+    rng = np.random.default_rng(3)
+    gaussians = {
+        "round Gaussian": rng.normal(size=(2000, 8)),
+        "elongated Gaussian": rng.normal(size=(2000, 8)) * np.geomspace(3, 0.3, 8),
+    }
+    return {**gaussians, **boxes()}
+
+
+def choices(seeds: int) -> None:
+    """The run's choice on each cloud at each seed (`--choices`)."""
+    print("| set | seed | k | verdict | excess at k | gap at k | why weak |")
+    print("|---|---|---|---|---|---|---|")
+    for name, X in clouds().items():
+        for seed in range(seeds):
+            chosen, _ = sel.select_k(np.array_split(X, CLIENTS), 2, 30, seed=seed, floor=FLOOR)
+            sure = chosen.confidence
+            why = str(sure["why"]).split(":")[0] if sure["verdict"] == "weak" else ""
+            cells = [
+                f"{v:.2f}" if isinstance(v, float) else "-" for v in (sure.get("excess"), sure.get("gap"))
+            ]
+            print(
+                f"| {name} | {seed} | {chosen.k} | {sure['verdict']} | {cells[0]} | {cells[1]} | {why} |",
+                flush=True,
+            )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m simulation.bench.null_noise")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--splits", type=int, default=sel.SPLITS, help="the data's split pairs")
+    parser.add_argument("--choices", action="store_true", help="only the run's choice on each cloud")
     args = parser.parse_args(argv)
+    if args.choices:
+        choices(args.seeds)
+        return
     print("| set | seed | stability at k = " + ", ".join(map(str, KS)) + " | run's choice |")
     print("|---|---|---|---|")
     for name, X in boxes().items():

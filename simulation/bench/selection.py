@@ -91,6 +91,19 @@ def _structureless(kind: str, dims: int) -> tuple[np.ndarray, np.ndarray]:
     return X, np.zeros(len(X), dtype=np.int64)
 
 
+def _small_structureless(kind: str, draw: int) -> tuple[np.ndarray, np.ndarray]:
+    """2,000 rows without clusters in 8 dimensions, as `tests/test_selection.py`'s clouds (4 clients): at
+    this size one draw of the null is noisy (docs/model-selection.md), so four draws of each kind."""
+    rng = np.random.default_rng([8, len(kind), 100 + draw])
+    scales = np.geomspace(3.0, 0.3, 8)
+    X = {
+        "gauss": lambda: rng.normal(size=(2000, 8)),
+        "gauss-aniso": lambda: rng.normal(size=(2000, 8)) * scales,
+        "uniform": lambda: rng.uniform(size=(2000, 8)) * scales,
+    }[kind]()
+    return X, np.zeros(len(X), dtype=np.int64)
+
+
 SYNTHETIC: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
     **{
         f"mix-k{k}-d{d}": (lambda k=k, d=d, s=s: _mixture(k, d, s))
@@ -102,7 +115,13 @@ SYNTHETIC: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
         for kind in ("gauss", "gauss-aniso", "uniform")
         for d in (8, 64)
     },
+    **{
+        f"none-{kind}-d8-small{draw}": (lambda kind=kind, draw=draw: _small_structureless(kind, draw))
+        for kind in ("gauss", "gauss-aniso", "uniform")
+        for draw in range(4)
+    },
 }
+CLIENTS = {name: 4 for name in SYNTHETIC if "-small" in name}  # the others: 10
 
 
 def _split(n: int, clients: int, layout: str) -> np.ndarray:
@@ -117,7 +136,7 @@ def _rows(name: str, layout: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.
     """Every record (in the selection space), its client and its truths."""
     if name in SYNTHETIC:
         X, y = SYNTHETIC[name]()
-        return X, _split(len(y), 10, layout), {"labels": y}
+        return X, _split(len(y), CLIENTS.get(name, 10), layout), {"labels": y}
     from fedapp.config.run import parse_run_config  # registered sets only: the rest needs no Flower
     from simulation.tune import client_rows
 
@@ -251,13 +270,14 @@ def _loss_one(result: dict[str, Any], constants: StabilityRule) -> float:
 # each verdict check from its most cautious setting (the most weak verdicts) to off, so that among
 # constants the other benchmarks cannot tell apart the fit keeps a check a left-out benchmark may need
 GRID = [
-    StabilityRule(tolerance, weak_below, raw_below, ambiguity, dominant_above, plateau_below)
+    StabilityRule(tolerance, weak_below, raw_below, ambiguity, dominant_above, plateau_below, gap_below)
     for tolerance in (0.0, 0.02, 0.03, 0.05, 0.1)
     for weak_below in (0.4, 0.2, 0.0)
     for raw_below in (0.3, 0.2, 0.1, 0.0)
     for ambiguity in (0.2, 0.1, 0.05, None)
     for dominant_above in (0.8, 0.9, 0.95, None)
     for plateau_below in (0.8, 0.67, 0.5, None)
+    for gap_below in (0.2, 0.1, 0.05, 0.0, None)
 ]
 
 
@@ -323,6 +343,7 @@ def _constants(constants: StabilityRule) -> str:
             constants.ambiguity,
             constants.dominant_above,
             constants.plateau_below,
+            constants.gap_below,
         )
     )
 
@@ -349,7 +370,8 @@ def main(argv: list[str] | None = None) -> None:
                     found[result["name"]] = result
         print(loo_table(list(found.values())))
         print(
-            "(tolerance, weak-below, raw-below, ambiguity, dominant-above, plateau-below; the code's: "
+            "(tolerance, weak-below, raw-below, ambiguity, dominant-above, plateau-below, gap-below; "
+            "the code's: "
             f"{_constants(STABILITY_RULE)})"
         )
         return

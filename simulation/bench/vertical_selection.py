@@ -56,7 +56,7 @@ def measure(name: str, seed: int = 0) -> str:
 
 def main(names: list[str]) -> None:
     print(
-        f"| benchmark | true k | each view's choice ({RULE}) | rounded mean: k (CeFMC NMI, gap) "
+        f"| benchmark | true k | each view's choice ({RULE}) | rounded mean: k (CeFMC NMI, miss) "
         "| lower median | upper median | NMI at true k | s |"
     )
     print("|---|---|---|---|---|---|---|---|")
