@@ -79,27 +79,16 @@ def _mixture(k: int, dims: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
     return X[order], y[order]
 
 
-def _structureless(kind: str, dims: int) -> tuple[np.ndarray, np.ndarray]:
-    """4,000 rows without clusters: an isotropic or an elongated Gaussian, or a uniform box."""
-    rng = np.random.default_rng([dims, len(kind)])
+def _structureless(
+    kind: str, dims: int, rows: int = 4000, seed: list[int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows without clusters: an isotropic or an elongated Gaussian, or a uniform box."""
+    rng = np.random.default_rng(seed or [dims, len(kind)])
     scales = np.geomspace(3.0, 0.3, dims)
     X = {
-        "gauss": lambda: rng.normal(size=(4000, dims)),
-        "gauss-aniso": lambda: rng.normal(size=(4000, dims)) * scales,
-        "uniform": lambda: rng.uniform(size=(4000, dims)) * scales,
-    }[kind]()
-    return X, np.zeros(len(X), dtype=np.int64)
-
-
-def _small_structureless(kind: str, draw: int) -> tuple[np.ndarray, np.ndarray]:
-    """2,000 rows without clusters in 8 dimensions, as `tests/test_selection.py`'s clouds (4 clients): at
-    this size one draw of the null is noisy (docs/model-selection.md), so four draws of each kind."""
-    rng = np.random.default_rng([8, len(kind), 100 + draw])
-    scales = np.geomspace(3.0, 0.3, 8)
-    X = {
-        "gauss": lambda: rng.normal(size=(2000, 8)),
-        "gauss-aniso": lambda: rng.normal(size=(2000, 8)) * scales,
-        "uniform": lambda: rng.uniform(size=(2000, 8)) * scales,
+        "gauss": lambda: rng.normal(size=(rows, dims)),
+        "gauss-aniso": lambda: rng.normal(size=(rows, dims)) * scales,
+        "uniform": lambda: rng.uniform(size=(rows, dims)) * scales,
     }[kind]()
     return X, np.zeros(len(X), dtype=np.int64)
 
@@ -116,7 +105,11 @@ SYNTHETIC: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
         for d in (8, 64)
     },
     **{
-        f"none-{kind}-d8-small{draw}": (lambda kind=kind, draw=draw: _small_structureless(kind, draw))
+        # as tests/test_selection.py's clouds (2,000 rows, 4 clients), where one draw of the null is
+        # noisiest (docs/model-selection.md): four draws of each kind
+        f"none-{kind}-d8-small{draw}": (
+            lambda kind=kind, draw=draw: _structureless(kind, 8, 2000, [8, len(kind), 100 + draw])
+        )
         for kind in ("gauss", "gauss-aniso", "uniform")
         for draw in range(4)
     },
