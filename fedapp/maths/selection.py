@@ -482,6 +482,12 @@ def gap(row: dict[str, float | None]) -> float | None:
     return float(np.log(data) / np.log(null) - 1.0)
 
 
+def no_tighter(row: dict[str, float | None], constants: StabilityRule) -> bool:
+    """The candidate's clusters cut the spread barely deeper than a cloud's (`gap` below `gap_below`)."""
+    tighter = gap(row)
+    return constants.gap_below is not None and tighter is not None and tighter < constants.gap_below
+
+
 def choose_k(
     table: dict[int, dict[str, float | None]], rule: str = RULE, constants: StabilityRule = STABILITY_RULE
 ) -> int:
@@ -513,8 +519,7 @@ def structureless(
     row = table[chosen]
     if not scored or max(scored) <= constants.weak_below:
         return True
-    tighter = gap(row)
-    if constants.gap_below is not None and tighter is not None and tighter < constants.gap_below:
+    if no_tighter(row, constants):
         return True
     null = row.get("null_stability")
     return null is not None and row["stability"] - null < constants.raw_below  # type: ignore[operator]
@@ -586,8 +591,7 @@ def _weakness(
             f"k = {chosen}'s clusterings agree {row['stability']:.2f}, a cloud of the data's shape without "
             f"clusters {row['null_stability']:.2f}: too close to tell structure from shape"
         )
-    tighter = gap(row)
-    if constants.gap_below is not None and tighter is not None and tighter < constants.gap_below:
+    if no_tighter(row, constants):
         return (
             f"k = {chosen}'s clusters leave {row['spread_left']:.1%} of the data's spread, a cloud of the "
             f"data's shape without clusters {row['null_spread_left']:.1%}: no tighter than its shape gives"
