@@ -276,3 +276,31 @@ def test_an_interrupt_while_outputs_are_written_is_raised_once_they_are_complete
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
         raise AssertionError("the interrupt waited")
+
+
+def test_an_interrupt_that_comes_while_a_progress_line_is_logged_is_not_swallowed() -> None:
+    """logging's `Handler.emit` catches `Exception` (and prints "--- Logging error ---"): an interrupt
+    raised there was lost, the run went on with its clients failing "interrupted" and ended `failed`,
+    exit 1 (CI, test_an_interrupted_in_process_run_exits_130_with_the_rounds_it_ran). Here the signal
+    comes inside the handler's write, deterministically."""
+    import io
+    import logging
+
+    from fedapp.launch.processes import interruptible
+
+    class SignallingStream(io.StringIO):
+        def write(self, text: str) -> int:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next line
+            return super().write(text)
+
+    logger = logging.getLogger("fedapp-test-interrupt-in-emit")
+    handler = logging.StreamHandler(SignallingStream())
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with pytest.raises(Interrupted) as caught, interruptible():
+            logger.warning("round 6/2000 | 0.03 s")
+            raise AssertionError("the interrupt was swallowed by the log call")
+    finally:
+        logger.removeHandler(handler)
+    assert caught.value.signum == signal.SIGINT

@@ -200,8 +200,14 @@ def child_environment(pid: int, name: str) -> str | None:
     return None
 
 
-class Interrupted(Exception):  # noqa: N818 (it is what happened, not an error)
+class Interrupted(BaseException):  # noqa: N818 (it is what happened, not an error)
     """SIGINT or SIGTERM reached an entry point; its `finally` blocks stop what it started.
+
+    A BaseException, as KeyboardInterrupt is: the handler raises it wherever the main thread is, and an
+    `except Exception` there must not swallow it. logging's `Handler.emit` is one: a run whose signal came
+    while a progress line was written went on, its clients failing with "the run was interrupted", and
+    ended `failed` with exit 1 instead of `interrupted` with 130 (a quarter of the signals sent into a
+    loop of log calls were swallowed there).
 
     The code that knows more fills in `phase` (where the run was: "starting the federation", "in round 3")
     and `stopped` (the sweep's verified line, `StopReport.describe()`), so the console says only what is
