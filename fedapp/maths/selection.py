@@ -86,12 +86,12 @@ class StabilityRule:
     benchmark's row there uses the constants fitted on the others; these defaults are the fit on all of
     them. Off (None) is a check the fit found no use for."""
 
-    tolerance: float = 0.02
-    weak_below: float = 0.0
+    tolerance: float = 0.03
+    weak_below: float = 0.2
     raw_below: float = 0.0
     ambiguity: float | None = 0.2
     dominant_above: float | None = 0.8
-    plateau_below: float | None = None
+    plateau_below: float | None = 0.67
     gap_below: float | None = 0.2
 
 

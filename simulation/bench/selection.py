@@ -82,15 +82,22 @@ def _mixture(k: int, dims: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
 def _structureless(
     kind: str, dims: int, rows: int = 4000, seed: list[int] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Rows without clusters: an isotropic or an elongated Gaussian, or a uniform box."""
-    rng = np.random.default_rng(seed or [dims, len(kind)])
+    """Rows without clusters: an isotropic or an elongated Gaussian, a uniform box, and two shapes
+    neither null has: heavy tails (Laplace) and skew (log-normal), elongated as the box."""
+    rng = np.random.default_rng(seed or [dims, STRUCTURELESS_TAGS[kind]])
     scales = np.geomspace(3.0, 0.3, dims)
     X = {
         "gauss": lambda: rng.normal(size=(rows, dims)),
         "gauss-aniso": lambda: rng.normal(size=(rows, dims)) * scales,
         "uniform": lambda: rng.uniform(size=(rows, dims)) * scales,
+        "laplace": lambda: rng.laplace(size=(rows, dims)) * scales,
+        "lognormal": lambda: rng.lognormal(sigma=0.75, size=(rows, dims)) * scales,
     }[kind]()
     return X, np.zeros(len(X), dtype=np.int64)
+
+
+# each structureless kind's seed tag (the first three: their names' lengths, the draws measured first)
+STRUCTURELESS_TAGS = {"gauss": 5, "gauss-aniso": 11, "uniform": 7, "laplace": 21, "lognormal": 23}
 
 
 SYNTHETIC: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
@@ -101,16 +108,18 @@ SYNTHETIC: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
     },
     **{
         f"none-{kind}-d{d}": (lambda kind=kind, d=d: _structureless(kind, d))
-        for kind in ("gauss", "gauss-aniso", "uniform")
+        for kind in STRUCTURELESS_TAGS
         for d in (8, 64)
     },
     **{
         # as tests/test_selection.py's clouds (2,000 rows, 4 clients), where one draw of the null is
         # noisiest (docs/model-selection.md): four draws of each kind
         f"none-{kind}-d8-small{draw}": (
-            lambda kind=kind, draw=draw: _structureless(kind, 8, 2000, [8, len(kind), 100 + draw])
+            lambda kind=kind, draw=draw: _structureless(
+                kind, 8, 2000, [8, STRUCTURELESS_TAGS[kind], 100 + draw]
+            )
         )
-        for kind in ("gauss", "gauss-aniso", "uniform")
+        for kind in STRUCTURELESS_TAGS
         for draw in range(4)
     },
 }
