@@ -50,6 +50,7 @@ from fedapp.maths.clustering import kmeans, nearest_centre, squared_distances
 from fedapp.metrics.label_free import (
     ClusterSums,
     DistanceSums,
+    between_cluster_sum,
     label_free_metrics,
     merge_cluster_sums,
     merge_distance_sums,
@@ -308,13 +309,17 @@ def _spread_left(X: np.ndarray, centres: np.ndarray) -> float | None:
     """The share of the rows' spread around their mean left within the clusters of their nearest centres
     (each cluster around its own mean, as the data's `spread_left`)."""
     labels = nearest_centre(X, centres)
-    counts = np.bincount(labels, minlength=centres.shape[0]).astype(np.float64)
-    sums = np.zeros_like(centres)
+    sums = np.zeros_like(centres, dtype=np.float64)
     np.add.at(sums, labels, X)
-    means = sums / np.maximum(counts, 1.0)[:, None]
-    within = float(((X - means[labels]) ** 2).sum())
-    total = float(((X - X.mean(0)) ** 2).sum())
-    return None if total <= 0 else within / total
+    clusters = ClusterSums(np.bincount(labels, minlength=centres.shape[0]), sums)
+    within = float(((X - pooled_means(clusters)[labels]) ** 2).sum())
+    return _share_left(within, between_cluster_sum(clusters))
+
+
+def _share_left(within: float, between: float) -> float | None:
+    """The share of the spread left within the clusters, SSW / (SSW + SSB); None: no spread at all."""
+    total = within + between
+    return within / total if total > 0 else None
 
 
 def _agreement(X: np.ndarray, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -435,14 +440,9 @@ def candidate_criteria(stats: CandidateStats, centres: np.ndarray) -> dict[str, 
     )
     metrics = label_free_metrics(stats.sums, moved)
     mean, error = stability(stats.agreement)
-    used = counts > 0
-    means = pooled_means(stats.sums)[used]
-    grand = counts[used] @ means / max(float(counts.sum()), 1.0)
-    between = float(counts[used] @ ((means - grand) ** 2).sum(1))
-    total = float(metrics["inertia"]) + between
     return {
         "inertia": metrics["inertia"],
-        "spread_left": float(metrics["inertia"]) / total if total > 0 else None,
+        "spread_left": _share_left(float(metrics["inertia"]), between_cluster_sum(stats.sums)),
         "stability": mean,
         "stability_error": error,
         **{name: metrics[name] for name in CRITERIA if name != "stability"},  # type: ignore[misc]
@@ -720,7 +720,7 @@ class KSearch:
         for k in candidates:
             self.table[k] = {
                 **candidate_criteria(merged[k], candidates[k]),
-                **self.null.get(k, {"null_stability": None, "null_spread_left": None}),
+                **self.null.get(k, _stronger_null([])),
             }
         chosen = choose_k(self.table, self.rule, self.constants)
         if chosen < max(self.table) or not self.extend or self.capped is not None:

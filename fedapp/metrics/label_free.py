@@ -142,6 +142,18 @@ def pooled_means(sums: ClusterSums) -> np.ndarray:
     return means
 
 
+def between_cluster_sum(sums: ClusterSums) -> float:
+    """Server side: SSB = sum_k n_k ||mu_k - mu||^2, the spread between the clusters' pooled means (the
+    rows' spread around their mean is SSW + SSB)."""
+    used = sums.counts > 0
+    n = int(sums.counts.sum())
+    if not n:
+        return 0.0
+    means = pooled_means(sums)[used]
+    grand_mean = sums.sums.sum(axis=0) / n
+    return float(np.sum(sums.counts[used] * ((means - grand_mean) ** 2).sum(axis=1)))
+
+
 @dataclass(frozen=True)
 class DistanceSums:
     """Pass 2: per-cluster distance sums around the pooled means, and the simplified-silhouette sum."""
@@ -316,9 +328,8 @@ def label_free_metrics(sums: ClusterSums, distances: DistanceSums) -> LabelFreeM
         return metrics
     means = pooled_means(sums)[used]
     sizes = counts[used].astype(np.float64)
-    grand_mean = sums.sums.sum(axis=0) / n
     # Calinski & Harabasz 1974: CH = [SSB / (K - 1)] / [SSW / (n - K)], SSB = sum_k n_k ||mu_k - mu||^2.
-    between = float(np.sum(sizes * ((means - grand_mean) ** 2).sum(axis=1)))
+    between = between_cluster_sum(sums)
     metrics["calinski_harabasz"] = (
         1.0 if within == 0.0 else between * (n - n_used) / (within * (n_used - 1.0))
     )
