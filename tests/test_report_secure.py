@@ -148,11 +148,11 @@ def test_strategy_merges_secure_totals_and_retries_when_secagg_would_clip(tmp_pa
     assert strategy.final_report.summary["label_free"]["inertia"] == pytest.approx(plain["inertia"], rel=1e-4)
 
 
-def test_secure_report_reply_carries_no_clients_statistics_in_the_clear() -> None:
+def test_secure_report_reply_carries_no_clients_statistics_in_the_clear(tmp_path: Path) -> None:
     """What a client sends in its secure report beyond the masked vector: identity, row count (SecAgg+'s
     weight), score kind, the floor's count and SecAgg+'s bookkeeping; no sizes, sums, distances, table."""
     keys = {"method": "ffcm", "dataset": "digits", "num-clients": 3, "k": K, "secagg": True}
-    cfg = parse_run_config({**keys, "node-out-dir": "/tmp/fedapp-test-report-secure"})
+    cfg = parse_run_config({**keys, "node-out-dir": str(tmp_path)})
     node = {"partition-id": 1, "num-partitions": 3}
     client = FFCMClient(
         Context(run_id=0, node_id=2, node_config=node, state=RecordDict(), run_config={}), cfg
