@@ -129,9 +129,7 @@ def test_strategy_clamps_nonsense_noisy_totals(tmp_path: Path) -> None:
 
 def test_client_refuses_a_report_release_beyond_the_plan(tmp_path: Path) -> None:
     cfg = parse_run_config({"method": "kfed", "dataset": "digits", "num-clients": 3, "dp.epsilon": 2.0})
-    cfg = parse_run_config(
-        {**cfg.to_dict(), "dp.report": "noise", "node-out-dir": str(tmp_path)}
-    )
+    cfg = parse_run_config({**cfg.to_dict(), "dp.report": "noise", "node-out-dir": str(tmp_path)})
     node = {"partition-id": 0, "num-partitions": 3}
     context = Context(run_id=0, node_id=1, node_config=node, state=RecordDict(), run_config={})
     client = KFedClient(context, cfg)
