@@ -110,6 +110,7 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return overrides, strategy
 
 
+@pytest.mark.long
 def test_federated_equals_centralized_on_union_batches(runs: tuple) -> None:
     overrides, strategy = runs
     assert strategy.step == STEPS and strategy.steps_per_epoch == 15  # 200 steps cross 13 epoch ends
@@ -121,6 +122,7 @@ def test_federated_equals_centralized_on_union_batches(runs: tuple) -> None:
     assert int(strategy.model.beta_batchnorm.num_batches_tracked) == STEPS
 
 
+@pytest.mark.long
 def test_ordinary_batchnorm_on_the_union_batch_is_a_different_computation(runs: tuple) -> None:
     overrides, strategy = runs
     reference, _ = _centralized(overrides, pooled_norm=True)

@@ -52,6 +52,7 @@ def _labelled_blobs(
     return rows, np.linalg.norm(rows[:, None, :2] - grid[None], axis=2).argmin(1)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("k", "dims"), [(5, 2), (20, 2), (5, 32), (20, 32)])
 def test_the_selection_finds_separated_blobs_with_a_strong_verdict(k: int, dims: int) -> None:
     """Clean clusters: the chosen k's clustering is as good as the true k's (NMI within a point: a k a
@@ -75,6 +76,7 @@ def test_the_selection_finds_separated_blobs_with_a_strong_verdict(k: int, dims:
     )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", list(clouds()))
 def test_noise_has_no_stable_k_and_the_verdict_says_so(name: str) -> None:
     """Structureless clouds (a round and an elongated Gaussian, two uniform boxes; 2,000 rows, 4 clients)
@@ -91,6 +93,7 @@ def test_noise_has_no_stable_k_and_the_verdict_says_so(name: str) -> None:
         assert max(candidates) == 30 and "extended" not in sure
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["laplace", "lognormal"])
 def test_a_heavy_tailed_or_skewed_cloud_in_64_dimensions_is_weak(kind: str) -> None:
     """Neither null has heavy tails or skew: on 4,000 rows of independent Laplace or log-normal axes in 64
@@ -130,6 +133,7 @@ def test_the_null_does_not_depend_on_the_signs_the_svd_returns(monkeypatch: pyte
             np.testing.assert_allclose(a, b, atol=1e-12)
 
 
+@pytest.mark.long
 def test_a_choice_on_the_top_of_the_range_extends_it_or_says_why_not() -> None:
     """40 clusters, k-max 20: the choice sits on the top of the range, which doubles until it does not
     (20 -> 40 -> 80); with k-extend off the edge choice is weak and says why."""
