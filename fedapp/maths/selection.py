@@ -51,6 +51,7 @@ from fedapp.metrics.label_free import (
     ClusterSums,
     DistanceSums,
     between_cluster_sum,
+    cluster_sums,
     label_free_metrics,
     merge_cluster_sums,
     merge_distance_sums,
@@ -309,9 +310,7 @@ def _spread_left(X: np.ndarray, centres: np.ndarray) -> float | None:
     """The share of the rows' spread around their mean left within the clusters of their nearest centres
     (each cluster around its own mean, as the data's `spread_left`)."""
     labels = nearest_centre(X, centres)
-    sums = np.zeros_like(centres, dtype=np.float64)
-    np.add.at(sums, labels, X)
-    clusters = ClusterSums(np.bincount(labels, minlength=centres.shape[0]), sums)
+    clusters = cluster_sums(X, labels, centres.shape[0])
     within = float(((X - pooled_means(clusters)[labels]) ** 2).sum())
     return _share_left(within, between_cluster_sum(clusters))
 
