@@ -27,7 +27,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with end-to-end runs or long computations (marker `long`) first (a stable sort; the rest keep
     their order): pytest-xdist's `--dist loadfile --no-loadscope-reorder` (scripts/test.sh) hands files out
     in this order, so the long ones start early and the short ones fill the gaps, instead of one long file
-    running alone at the end (test_selection.py, handed out last while unmarked, did: the two workers took
-    736 s, now 639 s)."""
+    running alone at the end."""
     heavy = {item.path for item in items if item.get_closest_marker("e2e") or item.get_closest_marker("long")}
     items.sort(key=lambda item: item.path not in heavy)
