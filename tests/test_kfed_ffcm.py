@@ -360,3 +360,43 @@ def test_small_kmeans_runs_on_one_thread_with_the_same_result(monkeypatch: pytes
     reference = KMeans(n_clusters=4, n_init=10, random_state=3).fit(X)
     np.testing.assert_array_equal(labels, reference.labels_)
     np.testing.assert_allclose(centres, reference.cluster_centers_, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("n", "d", "k", "n_init", "weighted", "duplicates"),
+    [
+        (40, 2, 1, 1, False, False),
+        (40, 2, 40, 3, True, False),
+        (300, 8, 12, 10, True, True),
+        (600, 64, 30, 3, True, False),
+        (250, 384, 20, 3, False, True),
+        (900, 10, 57, 1, True, False),
+    ],
+)
+def test_kmeans_seeding_fits_what_scikit_learns_kmeans_plus_plus_fits(
+    n: int, d: int, k: int, n_init: int, weighted: bool, duplicates: bool
+) -> None:
+    """Our k-means++ seeding is scikit-learn's, to the last bit: every selection table, every method's
+    local and server clustering stays as measured with `init="k-means++"`."""
+    import warnings
+
+    from sklearn.cluster import KMeans
+
+    from fedapp.maths.clustering import kmeans
+    from fedapp.maths.threads import one_blas_thread, one_openmp_thread
+
+    rng = np.random.default_rng(n + d + k)
+    X = rng.normal(size=(n, d)) * rng.uniform(0.1, 10.0, size=d)
+    if duplicates:
+        X[: n // 3] = X[0]
+    weights = rng.integers(1, 60, n).astype(np.float64) if weighted else None
+    for seed in (0, 7):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fewer distinct points than k with the duplicates
+            centres, labels = kmeans(X, k, seed, sample_weight=weights, n_init=n_init)
+            with one_openmp_thread(), one_blas_thread():  # as `kmeans` runs a fit this small
+                reference = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit(
+                    X, sample_weight=weights
+                )
+        np.testing.assert_array_equal(centres, reference.cluster_centers_)
+        np.testing.assert_array_equal(labels, reference.labels_)
