@@ -26,6 +26,7 @@ from fedapp.maths.selection import (
     local_k,
     merge_statistics,
     null_rows,
+    prediction_strength,
     select_k,
 )
 from simulation.__main__ import main
@@ -170,6 +171,34 @@ def test_stability_is_the_adjusted_rand_index_of_the_split_pairs() -> None:
     assert adjusted_rand(np.diag([5.0, 5.0])) == 1.0
 
 
+def test_prediction_strength_is_the_worst_clusters_share_of_its_pairs_kept_together() -> None:
+    """Tibshirani & Walther's measure from the same contingency tables: one cluster cut in two at random
+    by the other clustering keeps about half its pairs, while the ARI over every record stays high."""
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 4, 400)
+    b = a.copy()
+    b[a == 2] = rng.choice([2, 3], int((a == 2).sum()))
+    table = np.zeros((4, 4))
+    np.add.at(table, (a, b), 1)
+
+    def kept(x: np.ndarray, y: np.ndarray) -> float:  # every pair of records, per cluster of x
+        shares = []
+        for c in np.unique(x):
+            same = y[x == c][:, None] == y[x == c][None, :]
+            shares.append((same.sum() - len(same)) / (len(same) * (len(same) - 1)))
+        return min(shares)
+
+    expected = min(kept(a, b), kept(b, a))
+    assert prediction_strength(table[None]) == pytest.approx(expected, abs=1e-12)
+    assert 0.4 < expected < 0.6 and adjusted_rand(table) > 0.6
+    assert prediction_strength(np.stack([np.diag([5.0, 5.0]), table[:2, :2]])) == pytest.approx(
+        (1.0 + min(kept(a[a < 2], b[a < 2]), kept(b[a < 2], a[a < 2]))) / 2
+    )
+    centres = _blobs(3, 2)[:3]
+    stats = candidate_statistics(_blobs(3, 2), {3: centres}, pairs={3: [(centres, centres)]})[3]
+    assert candidate_criteria(stats, centres)["prediction_strength"] == 1.0  # in tune.json's table
+
+
 def test_round_b_statistics_are_sums_over_clients() -> None:
     rows = _blobs(5, 3)
     candidates = {k: rows[:k] for k in (2, 3, 5)}
@@ -264,6 +293,28 @@ def test_each_rule_picks_its_extreme_and_ties_go_to_the_smaller_k() -> None:
     assert confidence(tight, 4, rule)["gap"] == pytest.approx(0.357, abs=1e-3)
     assert "no tighter than its shape" in str(confidence(loose, 4, rule)["why"])
     assert confidence(loose, 4, StabilityRule(tolerance=0.05, gap_below=None))["verdict"] == "strong"
+    # a smaller k about as stable that keeps each of its clusters together better (prediction strength)
+    sharp = {
+        10: {"stability": 0.76, "prediction_strength": 0.52},
+        15: {"stability": 0.77, "prediction_strength": 0.32},
+    }
+    sure = confidence(sharp, 15, StabilityRule(tolerance=0.03, plateau_below=None, strength_margin=0.1))
+    assert (
+        sure["verdict"] == "weak" and "k = 10" in str(sure["why"]) and "0.52 against 0.32" in str(sure["why"])
+    )
+    for margin in (None, 0.25):
+        assert (
+            confidence(sharp, 15, StabilityRule(tolerance=0.03, plateau_below=None, strength_margin=margin))[
+                "verdict"
+            ]
+            == "strong"
+        )
+    assert (
+        confidence(sharp, 15, StabilityRule(tolerance=0.0, plateau_below=None, strength_margin=0.1))[
+            "verdict"
+        ]
+        == "strong"
+    )
     # one direction holding nearly all the spread: any clustering slices it
     assert "one direction" in str(confidence(table, 4, StabilityRule(), dominance=0.97)["why"])
     with pytest.raises(SelectionError, match="unknown rule"):

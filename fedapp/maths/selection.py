@@ -83,10 +83,14 @@ class StabilityRule:
     `dominant_above` of the data's spread (features on different scales: any clustering slices that
     direction); or where the ks within `tolerance` of the best reach below `plateau_below` times the
     chosen k (the data do not decide within that range); or where the chosen k's clusters are tighter than
-    the null's by a `gap` below `gap_below` (the stability beyond the null was noise). All were chosen
+    the null's by a `gap` below `gap_below` (the stability beyond the null was noise); or where a smaller k
+    about as stable (within `tolerance` of the best) has a `prediction_strength` at least
+    `strength_margin` above the chosen k's (it reproduces every one of its clusters, the chosen k cuts
+    some of them differently from one half of the data to the other). All were chosen
     leaving one dataset out (`simulation.bench.selection --loo`, docs/model-selection.md): each
     benchmark's row there uses the constants fitted on the others; these defaults are the fit on all of
-    them. Off (None) is a check the fit found no use for."""
+    them. Off (None) is a check the fit found no use for; `strength_margin` is off because adding it to
+    the fit made the leave-one-out table worse (a structureless cloud strong), docs/model-selection.md."""
 
     tolerance: float = 0.03
     weak_below: float = 0.2
@@ -95,6 +99,7 @@ class StabilityRule:
     dominant_above: float | None = 0.8
     plateau_below: float | None = 0.67
     gap_below: float | None = 0.2
+    strength_margin: float | None = None
 
 
 STABILITY_RULE = StabilityRule()
@@ -428,6 +433,26 @@ def stability(agreement: np.ndarray) -> tuple[float | None, float | None]:
     return float(np.mean(scores)), error
 
 
+def prediction_strength(agreement: np.ndarray) -> float | None:
+    """Tibshirani & Walther's (2005) prediction strength from the split pairs' contingency tables: for
+    each cluster of one clustering, the share of its pairs of records the other clustering also puts
+    together; the smallest over the clusters (of at least two records) and both directions, averaged over
+    the pairs. Where the adjusted Rand index averages over every record, this asks the worst cluster: a k
+    that cuts one true cluster differently in each half keeps a high ARI but a low prediction strength."""
+    scores = []
+    for table in np.asarray(agreement, dtype=np.float64):
+        sides = []
+        for counts in (table, table.T):
+            sizes = counts.sum(1)
+            held = sizes >= 2
+            if held.any():
+                together = (counts * (counts - 1.0)).sum(1)[held]
+                sides.append(float((together / (sizes[held] * (sizes[held] - 1.0))).min()))
+        if sides:
+            scores.append(min(sides))
+    return float(np.mean(scores)) if scores else None
+
+
 def candidate_criteria(stats: CandidateStats, centres: np.ndarray) -> dict[str, float | None]:
     """Server: inertia, stability, CH, DB and the simplified silhouette of one candidate (module
     docstring)."""
@@ -444,6 +469,7 @@ def candidate_criteria(stats: CandidateStats, centres: np.ndarray) -> dict[str, 
         "spread_left": _share_left(float(metrics["inertia"]), between_cluster_sum(stats.sums)),
         "stability": mean,
         "stability_error": error,
+        "prediction_strength": prediction_strength(stats.agreement),
         **{name: metrics[name] for name in CRITERIA if name != "stability"},  # type: ignore[misc]
         "clusters_used": metrics["n_clusters_used"],
     }
@@ -549,7 +575,8 @@ def confidence(
     coarser = sorted(
         k for k in scored if k < chosen / 2 and scored[k] >= scored[chosen] - constants.tolerance
     )
-    weakness = _weakness(scored, chosen, row, plateau, rival, constants, dominance)
+    strengths = {k: float(v) for k in plateau if (v := table[k].get("prediction_strength")) is not None}
+    weakness = _weakness(scored, chosen, row, plateau, rival, constants, dominance, strengths)
     verdict = "strong" if weakness is None else "weak"
     why = weakness or (
         f"k = {chosen}'s clusterings agree {row.get('stability'):.2f}, "
@@ -579,8 +606,10 @@ def _weakness(
     rival: int | None,
     constants: StabilityRule,
     dominance: float | None,
+    strengths: dict[int, float] | None = None,
 ) -> str | None:
-    """Why the choice is weak (`StabilityRule`'s checks, the first that holds), or None: strong."""
+    """Why the choice is weak (`StabilityRule`'s checks, the first that holds), or None: strong.
+    `strengths`: the prediction strength of the ks on the plateau."""
     top = max(scored.values())
     gain = None if row.get("null_stability") is None else row["stability"] - row["null_stability"]  # type: ignore[operator]
     if top <= constants.weak_below:
@@ -618,6 +647,16 @@ def _weakness(
             f"every k from {plateau[0]} to {plateau[-1]} is about as stable (within {constants.tolerance:g} "
             f"of the best): the data do not decide within that range"
         )
+    strengths = strengths or {}
+    if constants.strength_margin is not None and chosen in strengths:
+        own = strengths[chosen]
+        sharper = [k for k in strengths if k < chosen and strengths[k] >= own + constants.strength_margin]
+        if sharper:
+            best = max(sharper, key=lambda k: strengths[k])
+            return (
+                f"k = {best} is about as stable and reproduces each of its clusters better (prediction "
+                f"strength {strengths[best]:.2f} against {own:.2f}): the data do not decide between them"
+            )
     return None
 
 
