@@ -13,6 +13,7 @@ datasets but one family and reports that family with them, for every family in t
 
     .venv/bin/python -m simulation.bench.selection [--layout iid|unequal] [NAME ...]   # measure
     .venv/bin/python -m simulation.bench.selection --loo [--layout iid|unequal]        # the table
+    .venv/bin/python -m simulation.bench.selection --loo --strength   # with the prediction-strength check
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -271,30 +273,53 @@ def _loss_one(result: dict[str, Any], constants: StabilityRule) -> float:
 
 # each verdict check from its most cautious setting (the most weak verdicts) to off, so that among
 # constants the other benchmarks cannot tell apart the fit keeps a check a left-out benchmark may need
-GRID = [
-    StabilityRule(tolerance, weak_below, raw_below, ambiguity, dominant_above, plateau_below, gap_below)
-    for tolerance in (0.0, 0.02, 0.03, 0.05, 0.1)
-    for weak_below in (0.4, 0.2, 0.0)
-    for raw_below in (0.3, 0.2, 0.1, 0.0)
-    for ambiguity in (0.2, 0.1, 0.05, None)
-    for dominant_above in (0.8, 0.9, 0.95, None)
-    for plateau_below in (0.8, 0.67, 0.5, None)
-    for gap_below in (0.2, 0.1, 0.05, 0.0, None)
-]
+STRENGTH_MARGINS = (0.05, 0.1, 0.15, 0.2, None)  # `--strength`: the prediction-strength check's settings
 
 
-def fit(results: list[dict[str, Any]], table: dict[str, np.ndarray] | None = None) -> StabilityRule:
+def grid(strength_margins: tuple[float | None, ...] = (None,)) -> list[StabilityRule]:
+    """Every constants the fit chooses among (the prediction-strength check off unless asked)."""
+    return [
+        StabilityRule(tolerance, weak_below, raw_below, ambiguity, dominant_above, plateau, gap_below, margin)
+        for tolerance in (0.0, 0.02, 0.03, 0.05, 0.1)
+        for weak_below in (0.4, 0.2, 0.0)
+        for raw_below in (0.3, 0.2, 0.1, 0.0)
+        for ambiguity in (0.2, 0.1, 0.05, None)
+        for dominant_above in (0.8, 0.9, 0.95, None)
+        for plateau in (0.8, 0.67, 0.5, None)
+        for gap_below in (0.2, 0.1, 0.05, 0.0, None)
+        for margin in strength_margins
+    ]
+
+
+GRID = grid()
+
+
+def fit(
+    results: list[dict[str, Any]],
+    table: dict[str, np.ndarray] | None = None,
+    constants: list[StabilityRule] = GRID,
+) -> StabilityRule:
     """The constants with the smallest loss on `results`; ties: the first in grid order, the most
     cautious (a weak verdict on a benchmark left out costs 2 points, a silent miss 100). `table`: each
-    result's loss for every grid entry, by name (`loss_table`), when already computed."""
-    table = table or loss_table(results)
+    result's loss for every entry of `constants`, by name (`loss_table`), when already computed."""
+    table = table or loss_table(results, constants)
     total = np.sum([table[result["name"]] for result in results], axis=0)
-    return GRID[int(np.argmin(total))]  # argmin: the first of equal totals
+    return constants[int(np.argmin(total))]  # argmin: the first of equal totals
 
 
-def loss_table(results: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """Each result's loss under every constants of GRID (a fit leaving any set out only adds rows)."""
-    return {result["name"]: np.array([_loss_one(result, c) for c in GRID]) for result in results}
+def loss_table(results: list[dict[str, Any]], constants: list[StabilityRule] = GRID) -> dict[str, np.ndarray]:
+    """Each result's loss under every entry of `constants` (a fit leaving any set out only adds rows),
+    the results spread over the machine's cores (with `--strength` 19,200 constants x 67 results: 9.5 min
+    on 2)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor() as pool:
+        losses = list(pool.map(partial(_losses, constants=constants), results))
+    return {result["name"]: row for result, row in zip(results, losses, strict=True)}
+
+
+def _losses(result: dict[str, Any], constants: list[StabilityRule]) -> np.ndarray:
+    return np.array([_loss_one(result, c) for c in constants])
 
 
 def family(name: str) -> str:
@@ -306,48 +331,49 @@ def family(name: str) -> str:
     return name.removesuffix("-zscore")
 
 
-def loo_table(results: list[dict[str, Any]]) -> str:
+def loo_table(results: list[dict[str, Any]], constants: list[StabilityRule] = GRID) -> str:
     families = sorted({family(r["name"]) for r in results})
     lines = [
         "| benchmark | true k | n | DB: k (NMI) | silhouette: k (NMI) | constants fitted without it "
         "| **stability: k (NMI)** | range tried | verdict | NMI at true k | miss |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    losses = loss_table(results)
+    losses = loss_table(results, constants)
+    strength = constants is not GRID
     for result in sorted(results, key=lambda r: (r["name"] in SYNTHETIC, r["name"])):
         others = [r for r in results if family(r["name"]) != family(result["name"])]
-        constants = fit(others, losses)
-        k, verdict, tried = simulate(result, "stability", constants)
+        fitted = fit(others, losses, constants)
+        k, verdict, tried = simulate(result, "stability", fitted)
         cells = [
             f"{rk} ({_nmi(result, rk)})"
-            for rk in (simulate(result, rule, constants)[0] for rule in ("davies_bouldin", "silhouette"))
+            for rk in (simulate(result, rule, fitted)[0] for rule in ("davies_bouldin", "silhouette"))
         ]
         miss = misses(result, k)
         truth = " / ".join(str(v) for v in result["truths"].values())
         true_nmi = " / ".join(f"{v:.1f}" for v in result["true_k_nmi"].values()) or "-"
         lines.append(
             f"| {result['name']} | {truth} | {result['n']} | {cells[0]} | {cells[1]} "
-            f"| {_constants(constants)} | **{k} ({_nmi(result, k)})** | {tried[0]}..{tried[1]} | {verdict} "
+            f"| {_constants(fitted, strength)} | **{k} ({_nmi(result, k)})** | {tried[0]}..{tried[1]} "
+            f"| {verdict} "
             f"| {true_nmi} "
             f"| {'-' if miss is None else f'{miss:+.1f}'} |"
         )
-    lines.append(f"\nfitted on all {len(families)} families: {_constants(fit(results, losses))}")
+    everything = fit(results, losses, constants)
+    lines.append(f"\nfitted on all {len(families)} families: {_constants(everything, strength)}")
     return "\n".join(lines)
 
 
-def _constants(constants: StabilityRule) -> str:
-    return ", ".join(
-        f"{value}"
-        for value in (
-            constants.tolerance,
-            constants.weak_below,
-            constants.raw_below,
-            constants.ambiguity,
-            constants.dominant_above,
-            constants.plateau_below,
-            constants.gap_below,
-        )
-    )
+def _constants(constants: StabilityRule, strength: bool = False) -> str:
+    values = [
+        constants.tolerance,
+        constants.weak_below,
+        constants.raw_below,
+        constants.ambiguity,
+        constants.dominant_above,
+        constants.plateau_below,
+        constants.gap_below,
+    ]
+    return ", ".join(f"{value}" for value in [*values, *([constants.strength_margin] if strength else [])])
 
 
 def _nmi(result: dict[str, Any], k: int) -> str:
@@ -362,6 +388,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--extend-to", type=int, default=240)
     parser.add_argument("--also", type=Path, action="append", default=[], help="--loo: more result folders")
+    parser.add_argument(
+        "--strength", action="store_true", help="--loo: the prediction-strength check in the grid too"
+    )
     args = parser.parse_args(argv)
     if args.loo:
         found: dict[str, dict[str, Any]] = {}
@@ -370,11 +399,11 @@ def main(argv: list[str] | None = None) -> None:
                 result = json.loads(path.read_text())
                 if "dominance" in result:  # measured with the null (older files lack it)
                     found[result["name"]] = result
-        print(loo_table(list(found.values())))
+        print(loo_table(list(found.values()), grid(STRENGTH_MARGINS) if args.strength else GRID))
         print(
-            "(tolerance, weak-below, raw-below, ambiguity, dominant-above, plateau-below, gap-below; "
-            "the code's: "
-            f"{_constants(STABILITY_RULE)})"
+            "(tolerance, weak-below, raw-below, ambiguity, dominant-above, plateau-below, gap-below"
+            f"{', strength-margin' if args.strength else ''}; the code's: "
+            f"{_constants(STABILITY_RULE, args.strength)})"
         )
         return
     args.out.mkdir(parents=True, exist_ok=True)
