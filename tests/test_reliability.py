@@ -17,7 +17,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from fedapp.app.server_loop import FedappServer
 from fedapp.config.run import parse_run_config
 from fedapp.launch.resolve import build_overrides
-from fedapp.report.records import EXIT_CODES, exit_code
+from fedapp.report.records import EXIT_CODES, exit_code, write_json
 from simulation.runner import execute
 from strategies.ffcm import FFCMStrategy
 from strategies.kfed import KFedStrategy
@@ -51,6 +51,22 @@ def test_status_completed_converged_degraded(tmp_path: Path) -> None:
     )
     assert degraded["status"] == "degraded" and "sat out" in degraded["status_reason"]
     assert [exit_code(s) for s in (completed, converged, degraded)] == [0, 0, EXIT_CODES["degraded"]]
+    # the files a person opens after the run are indented (while it runs they are rewritten on one line)
+    assert (tmp_path / "c" / "summary.json").read_text().startswith('{\n  "')
+    assert (tmp_path / "c" / "rounds.json").read_text().startswith("[\n  {")
+
+
+def test_run_files_are_strict_json_on_one_line_while_running_and_indented_at_the_end(tmp_path: Path) -> None:
+    payload = {"kappa": float("nan"), "scores": np.array([1.0, np.inf]), "pair": (1, -np.inf), "ok": 0.5}
+    strict = {"kappa": None, "scores": [1.0, None], "pair": [1, None], "ok": 0.5}
+    for compact in (True, False):
+        write_json(tmp_path / "s.json", payload, compact=compact)
+        text = (tmp_path / "s.json").read_text()
+        assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in strict JSON")) == strict
+        assert ("\n" in text) is not compact
+    write_json(tmp_path / "s.json", {"round": 3, "metrics": {"nmi": 0.5}}, compact=True)
+    assert (tmp_path / "s.json").read_text() == '{"round": 3, "metrics": {"nmi": 0.5}}'
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temporary file left behind
 
 
 @pytest.mark.parametrize(

@@ -107,12 +107,19 @@ def default_out_dir(method: str, dataset: str, seed: int) -> Path:
     return Path("results") / f"{method}-{safe_dataset}-s{seed}"
 
 
-def write_json(path: Path, payload: Any) -> None:
-    """Atomic write: readers (the runner) never see a half-written file."""
+def write_json(path: Path, payload: Any, *, compact: bool = False) -> None:
+    """Atomic write: readers (the runner) never see a half-written file. `compact`: on one line, for the
+    files rewritten after every round while a run goes on, whose per-round records grow with the rounds
+    (json.dumps takes the C encoder only for an unindented one-shot encoding, json.dump never)."""
+    indent = None if compact else 2
+    try:  # the NaN/inf walk only where the encoder meets one (or a type it cannot take)
+        text = json.dumps(payload, indent=indent, default=_jsonable, allow_nan=False)
+    except (ValueError, TypeError):
+        text = json.dumps(_finite(payload), indent=indent, default=_jsonable)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as fh:
-        json.dump(_finite(payload), fh, indent=2, sort_keys=False, default=_jsonable)
+        fh.write(text)
     os.replace(tmp, path)
 
 
@@ -124,6 +131,8 @@ def _finite(value: Any) -> Any:
         return {key: _finite(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
+    if hasattr(value, "tolist"):  # a numpy array or scalar: its values, walked the same way
+        return _finite(value.tolist())
     return value
 
 
@@ -175,13 +184,14 @@ def write_run_outputs(
     history: Sequence[Mapping[str, Any]],
     *,
     plot: bool = True,
+    compact: bool = False,
 ) -> None:
-    """summary.json + rounds.json; when `plot`, metrics.png (metric vs round; it takes ~0.3 s) and
-    report.html (the page a person opens, `fedapp.report.pages.run`), drawn from those files. An interrupt
-    waits for them (`writing_outputs`)."""
+    """summary.json + rounds.json (`compact`: on one line, while the run goes on); when `plot`,
+    metrics.png (metric vs round; it takes ~0.3 s) and report.html (the page a person opens,
+    `fedapp.report.pages.run`), drawn from those files. An interrupt waits for them (`writing_outputs`)."""
     with writing_outputs():
-        write_json(out_dir / "summary.json", dict(summary))
-        write_json(out_dir / "rounds.json", list(history))
+        write_json(out_dir / "summary.json", dict(summary), compact=compact)
+        write_json(out_dir / "rounds.json", list(history), compact=compact)
         if plot:
             plot_metrics(
                 out_dir / "metrics.png", history, title=f"{summary.get('method')} on {summary.get('dataset')}"
