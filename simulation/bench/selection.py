@@ -339,7 +339,7 @@ def loo_table(results: list[dict[str, Any]], constants: list[StabilityRule] = GR
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     losses = loss_table(results, constants)
-    strength = constants is not GRID
+    strength = any(c.strength_margin is not None for c in constants)  # the column shows the margin
     for result in sorted(results, key=lambda r: (r["name"] in SYNTHETIC, r["name"])):
         others = [r for r in results if family(r["name"]) != family(result["name"])]
         fitted = fit(others, losses, constants)
