@@ -606,7 +606,7 @@ def _weakness(
     rival: int | None,
     constants: StabilityRule,
     dominance: float | None,
-    strengths: dict[int, float] | None = None,
+    strengths: dict[int, float],
 ) -> str | None:
     """Why the choice is weak (`StabilityRule`'s checks, the first that holds), or None: strong.
     `strengths`: the prediction strength of the ks on the plateau."""
@@ -647,7 +647,6 @@ def _weakness(
             f"every k from {plateau[0]} to {plateau[-1]} is about as stable (within {constants.tolerance:g} "
             f"of the best): the data do not decide within that range"
         )
-    strengths = strengths or {}
     if constants.strength_margin is not None and chosen in strengths:
         own = strengths[chosen]
         sharper = [k for k in strengths if k < chosen and strengths[k] >= own + constants.strength_margin]
