@@ -1,4 +1,4 @@
-"""gFedNTM equals centralized training: 200 federated steps through the real client and strategy classes
+"""gFedNTM equals centralized training: 100 federated steps through the real client and strategy classes
 (in-process Flower engine: Parameters bytes, context.state, RNG restore, server Adam) against one
 process training one model on the union batches.
 
@@ -46,7 +46,7 @@ from fedapp.methods.gfedntm import GFedNTMConfig
 from fedapp.models.gfedntm import Groups, NeuralTopicModel
 from fedapp.neural.glue import Rngs
 
-STEPS = 200
+STEPS = 100  # 6 epoch ends (each client's reshuffle, its generator restored from context.state)
 CLIENTS = 3  # by-group over 5 nodes: clients of 240, 240 and 120 documents (unequal n_l)
 SEED = 3
 
@@ -113,7 +113,7 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 @pytest.mark.long
 def test_federated_equals_centralized_on_union_batches(runs: tuple) -> None:
     overrides, strategy = runs
-    assert strategy.step == STEPS and strategy.steps_per_epoch == 15  # 200 steps cross 13 epoch ends
+    assert strategy.step == STEPS and strategy.steps_per_epoch == 15  # 100 steps cross 6 epoch ends
     reference, vocabulary = _centralized(overrides)
     assert strategy.vocabulary == vocabulary
     difference = _max_difference(strategy.model, reference)
