@@ -336,30 +336,78 @@ def test_experiment_resume_reuses_finished_runs_and_only_selects_rows(tmp_path: 
 
 
 def test_small_kmeans_runs_on_one_thread_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sklearn.cluster import KMeans
+    from sklearn.cluster import KMeans, _kmeans
     from threadpoolctl import threadpool_info
 
     from fedapp.maths import clustering
 
     seen: list[int] = []
-    fit = KMeans.fit
+    lloyd = _kmeans._kmeans_single_lloyd
 
-    def spy(self: KMeans, *args: object, **kwargs: object) -> KMeans:
-        for api in ("openmp", "blas"):
-            pools = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == api]
-            seen.append(max(pools, default=1))
-        return fit(self, *args, **kwargs)
+    def spy(*args: object, n_threads: int, **kwargs: object) -> object:
+        blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+        seen.extend([n_threads, max(blas, default=1)])
+        return lloyd(*args, n_threads=n_threads, **kwargs)
 
     X = np.random.default_rng(0).normal(size=(300, 8))
     before = [p["num_threads"] for p in threadpool_info()]
-    monkeypatch.setattr(KMeans, "fit", spy)
+    monkeypatch.setattr(_kmeans, "_kmeans_single_lloyd", spy)
     centres, labels = clustering.kmeans(X, 4, seed=3)
-    assert seen == [1, 1]  # scikit-learn's OpenMP loops and OpenBLAS alike
+    assert seen == [1, 1] * 10  # every restart: scikit-learn's OpenMP loops and OpenBLAS alike
     assert [p["num_threads"] for p in threadpool_info()] == before  # the limit is lifted afterwards
-    monkeypatch.setattr(KMeans, "fit", fit)
+    monkeypatch.setattr(_kmeans, "_kmeans_single_lloyd", lloyd)
     reference = KMeans(n_clusters=4, n_init=10, random_state=3).fit(X)
     np.testing.assert_array_equal(labels, reference.labels_)
     np.testing.assert_allclose(centres, reference.cluster_centers_, rtol=1e-12, atol=1e-12)
+
+
+def test_kmeans_without_scikit_learns_private_kernels_fits_the_same_through_its_estimator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kmeans` runs scikit-learn's Lloyd kernel directly; a scikit-learn that moved it gets the estimator."""
+    from sklearn.cluster import KMeans, _k_means_common
+
+    from fedapp.maths.clustering import kmeans
+
+    fits: list[KMeans] = []
+    fit = KMeans.fit
+    monkeypatch.setattr(KMeans, "fit", lambda self, *a, **kw: fits.append(self) or fit(self, *a, **kw))
+
+    X = np.random.default_rng(4).normal(size=(200, 6))
+    weights = np.random.default_rng(5).integers(1, 9, 200).astype(np.float64)
+    direct = kmeans(X, 7, 2, sample_weight=weights, n_init=4)
+    monkeypatch.delattr(_k_means_common, "_is_same_clustering")  # the estimator holds its own reference
+    assert not fits
+    estimator = kmeans(X, 7, 2, sample_weight=weights, n_init=4)
+    assert len(fits) == 1
+    for a, b in zip(direct, estimator, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_thread_limit_taken_before_scikit_learn_loads_still_limits_it() -> None:
+    """A chunked distance can take the first thread limit before anything imports scikit-learn, whose
+    OpenMP runtime and SciPy's OpenBLAS load later; the limit must still reach them (a fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np\n"
+        "from fedapp.maths.clustering import nearest_centre\n"
+        "from fedapp.maths.threads import one_blas_thread, one_openmp_thread\n"
+        "nearest_centre(np.zeros((4, 2)), np.ones((2, 2)))\n"
+        "import sklearn.cluster\n"
+        "from threadpoolctl import threadpool_info\n"
+        "from sklearn.utils._openmp_helpers import _openmp_effective_n_threads\n"
+        "with one_openmp_thread(), one_blas_thread():\n"
+        "    print(_openmp_effective_n_threads(), max(p['num_threads'] for p in threadpool_info()))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1]
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1"], out.stdout
 
 
 @pytest.mark.parametrize(

@@ -11,15 +11,23 @@ intra-op threads are not touched.
 
 from __future__ import annotations
 
+import sys
 from contextlib import AbstractContextManager
 from functools import cache
 
 from threadpoolctl import ThreadpoolController
 
 
-@cache
 def threadpools() -> ThreadpoolController:
-    """Inspecting the loaded thread pools costs ~3 ms; limiting through one controller costs ~10 us."""
+    """Inspecting the loaded thread pools costs ~3 ms; limiting through one controller costs ~10 us. A
+    controller only limits the libraries loaded when it was built: SciPy's own OpenBLAS and scikit-learn's
+    OpenMP runtime come with their import, so a controller built before it would leave them alone
+    (k-means on two OpenMP threads after a chunked distance had built one)."""
+    return _controller("scipy.linalg" in sys.modules, "sklearn.cluster" in sys.modules)
+
+
+@cache
+def _controller(scipy_loaded: bool, sklearn_loaded: bool) -> ThreadpoolController:
     return ThreadpoolController()
 
 
