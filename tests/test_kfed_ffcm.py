@@ -384,6 +384,23 @@ def test_kmeans_without_scikit_learns_private_kernels_fits_the_same_through_its_
         np.testing.assert_array_equal(a, b)
 
 
+def test_kmeans_refuses_what_scikit_learns_estimator_refuses() -> None:
+    """Running scikit-learn's kernels directly keeps its estimator's refusals: a NaN or infinite record or
+    weight, a weight count that is not the record count (a NaN would otherwise spread to every centre)."""
+    from fedapp.maths.clustering import kmeans
+
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    for bad in (np.nan, np.inf):
+        broken = X.copy()
+        broken[7, 1] = bad
+        with pytest.raises(ValueError, match="NaN or infinity"):
+            kmeans(broken, 3, 0)
+        with pytest.raises(ValueError, match="NaN or infinity"):
+            kmeans(X, 3, 0, sample_weight=np.where(np.arange(50) == 3, bad, 1.0))
+    with pytest.raises(ValueError, match="one weight a record, got \\(49,\\) for 50 records"):
+        kmeans(X, 3, 0, sample_weight=np.ones(49))
+
+
 def test_a_thread_limit_taken_before_scikit_learn_loads_still_limits_it() -> None:
     """A chunked distance can take the first thread limit before anything imports scikit-learn, whose
     OpenMP runtime and SciPy's OpenBLAS load later; the limit must still reach them (a fresh process)."""
