@@ -99,7 +99,7 @@ def _fit(
     tol = _tolerance(X, 1e-4)
     mean = X.mean(axis=0)
     X -= mean
-    seeds = _kmeans_plusplus(sample_weight)
+    seeds = _kmeans_plusplus(weights)  # the checked weights (ones: the unweighted draws, bit for bit)
     threads = _openmp_effective_n_threads() if threads is None else threads
     best_inertia, best_labels, best_centres = None, None, None
     for _ in range(n_init):
