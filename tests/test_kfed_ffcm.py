@@ -436,6 +436,7 @@ def test_a_thread_limit_taken_before_scikit_learn_loads_still_limits_it() -> Non
         (600, 64, 30, 3, True, False),
         (250, 384, 20, 3, False, True),
         (900, 10, 57, 1, True, False),
+        (6000, 4, 8, 3, False, False),  # restarts seeded two, then one, at a time (`SEED_BATCH_CELLS`)
     ],
 )
 def test_kmeans_seeding_fits_what_scikit_learns_kmeans_plus_plus_fits(
