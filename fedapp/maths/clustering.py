@@ -176,7 +176,7 @@ def _kmeans_plusplus(
                 # uniform(0, 1) is 0 + 1 x random_sample: the same draws, bit for bit
                 targets = draws[:, 1 + (c - 1) * trials : 1 + c * trials] * potential[:, None]
                 sums = cumsum(closest if uniform else weights * closest, axis=1)
-                if size == 1:
+                if size == 1:  # a batch of one (many records): a binary search, not n comparisons a draw
                     candidates = sums[0].searchsorted(targets[0])[None]
                 else:
                     candidates = (sums[:, None, :] < targets[:, :, None]).sum(axis=2)
