@@ -72,7 +72,7 @@ def _fit(
     validation and thread-pool queries; records and weights are checked as it checks them. 600 x 64,
     k = 30, 3 restarts: 22 -> 16 ms a fit; 300 x 8, k = 10, 10 restarts: 29 -> 23 ms; one `select_k` over
     a 2,000-row cloud on 4 clients: 9.7 -> 5.8-7.3 s. `threads`: Lloyd's OpenMP threads (None:
-    scikit-learn's default). `X` is centred in place."""
+    scikit-learn's default; 1: the caller also holds one BLAS thread). `X` is centred in place."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -106,10 +106,14 @@ def _fit(
     X -= mean
     # the checked weights; every restart's start at once (Lloyd draws nothing: the same draws)
     starts = _kmeans_plusplus(weights, uniform=sample_weight is None)(X, k, random_state, n_init)
+    lloyd = _kmeans_single_lloyd
+    if threads == 1:  # `kmeans` holds one BLAS thread around this fit: skip scikit-learn's own limit, which
+        # queries and resets the thread pools at every restart (~10 % of a `select_k`; the same Lloyd)
+        lloyd = getattr(lloyd, "__wrapped__", lloyd)
     threads = _openmp_effective_n_threads() if threads is None else threads
     best_inertia, best_labels, best_centres = None, None, None
     for start in starts:
-        labels, inertia, centres, _iterations = _kmeans_single_lloyd(
+        labels, inertia, centres, _iterations = lloyd(
             X, weights, start, max_iter=300, tol=tol, n_threads=threads
         )
         # a restart replaces the best only with a lower inertia and another partition (scikit-learn's rule)
