@@ -172,7 +172,7 @@ def _kmeans_plusplus(
             size = min(batch, restarts - begin)
             draws = draw((size, 1 + (k - 1) * trials))  # each restart's draws, one row a restart
             first = cdf.searchsorted(draws[:, 0], side="right")
-            rows, centres = np.arange(size), starts[begin : begin + size]
+            in_batch, centres = np.arange(size), starts[begin : begin + size]
             centres[:, 0] = X[first]
             closest = _seed_distances(centres[:, :1], rows_t, norms, norms[first][:, None])[:, 0]
             potential = closest @ weights
@@ -190,8 +190,8 @@ def _kmeans_plusplus(
                 minimum(closest[:, None, :], distances, out=distances)
                 potentials = (distances @ column)[:, :, 0]
                 best = potentials.argmin(axis=1)
-                potential, closest = potentials[rows, best], distances[rows, best]
-                centres[:, c] = chosen[rows, best]
+                potential, closest = potentials[in_batch, best], distances[in_batch, best]
+                centres[:, c] = chosen[in_batch, best]
         return starts
 
     return seeds
