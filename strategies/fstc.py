@@ -46,6 +46,7 @@ from fedapp.methods.fstc import (
     FINAL_KEY,
     HEAD_INIT_CENTRES,
     INIT_KEY,
+    INIT_MERGE_KFED,
     INIT_MERGE_WEIGHTED,
     MODEL_KEY,
     PHASE_INIT,
@@ -383,11 +384,18 @@ class FSTCStrategy(ClusteringStrategy):
         }
 
     def start_candidate(self) -> StartCandidate | None:
-        """C̃ as training started with the initial model, records to the nearest centre: FSBERT k-FED's."""
+        """C̃ as training started with the initial model, records to the nearest centre. FSBERT k-FED's
+        clustering only from K local centres a client merged unweighted (the default): another merge, k'
+        or init (moments and their secure Lloyd steps, the paper's representations) names no method."""
         if self.start_centres is None or self.initial_model is None or self.centre_labels:
             return None
         arrays = [self.start_centres, *self.initial_model]
-        return StartCandidate(arrays, {LABELS_BY_KEY: BY_CENTRES}, "fsbert-kfed")
+        return StartCandidate(arrays, {LABELS_BY_KEY: BY_CENTRES}, self.one_shot_method())
+
+    def one_shot_method(self) -> str:
+        """The one-shot method whose clustering the start is ('' when none is)."""
+        kfed_like = self.init == "centres" and self.params.init_merge == INIT_MERGE_KFED
+        return "fsbert-kfed" if kfed_like and self.params.local_centres(self.k or 0) == self.k else ""
 
     def model_description(self) -> dict[str, Any]:
         """model.json says how the weights are laid out when they are not the trained model alone."""

@@ -280,3 +280,26 @@ def test_ablation_sends_no_centres_to_clients_that_have_the_model(tmp_path: Path
     assert all(
         not ins.config[CENTRES_KEY] and parameters_to_ndarrays(ins.parameters) == [] for _, ins in later
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "method"),
+    [
+        ({}, "fsbert-kfed"),
+        ({"fstc.init-merge": "weighted"}, ""),
+        ({"fstc.init-local-k": 2 * FSTC_K}, ""),
+        ({"fstc.init-local-k": FSTC_K}, "fsbert-kfed"),
+        ({"fstc.init": "representations"}, ""),
+        ({"fstc.init": "moments"}, ""),
+    ],
+)
+def test_the_kept_start_names_fsbert_kfed_only_where_it_is_its_clustering(
+    tmp_path: Path, overrides: dict[str, Any], method: str
+) -> None:
+    """The warning of a kept start names the one-shot method it amounts to: FSBERT k-FED only for K local
+    centres a client merged unweighted; 2K, weighted or another init is another clustering."""
+    strategy = FSTCStrategy(fstc_config(tmp_path, **overrides))
+    strategy.start_centres = np.zeros((FSTC_K, 4))
+    strategy.initial_model = [np.zeros(2)]
+    start = strategy.start_candidate()
+    assert start is not None and start.method == method
