@@ -141,10 +141,11 @@ class FFCMStrategy(ClusteringStrategy):
         return ndarrays_to_parameters([self.centres])
 
     def start_candidate(self) -> StartCandidate | None:
-        """The initial global centres (weighted k-means over the local FCM centres, k-FED's scheme)."""
+        """The initial global centres: weighted k-means over the local FCM centres (k-FED's scheme, so
+        named), or with `init = moments` (always under SecAgg+) seeded draws, which no method amounts to."""
         if self.initial_centres is None:
             return None
-        return StartCandidate([self.initial_centres], {}, "kfed")
+        return StartCandidate([self.initial_centres], {}, "kfed" if self.init == "local-centres" else "")
 
     def effective_config(self) -> dict[str, Any]:
         return {**super().effective_config(), "ffcm.init": self.init}

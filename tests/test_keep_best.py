@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import calinski_harabasz_score
 
+from fedapp.config.run import parse_run_config
 from fedapp.launch.resolve import build_overrides
 from fedapp.report.keep import (
     COLLAPSE_FRACTION,
@@ -31,6 +32,7 @@ from fedapp.report.model_store import read_model
 from fedapp.wire import ReplyError
 from simulation.predict import predict
 from simulation.runner import execute
+from strategies.ffcm import FFCMStrategy
 from tests.own_files import write_text_sites
 from tests.run_checks import assert_ran_through
 
@@ -209,6 +211,19 @@ def test_ffcm_scores_both_candidates_on_labelled_data(tmp_path: Path) -> None:
     kept = select["labelled"][select["kept"]]
     assert summary["metrics"]["nmi"] == pytest.approx(kept["nmi"])
     assert all(score > 0 for score in select["scores"].values())
+
+
+@pytest.mark.parametrize(("init", "method"), [("local-centres", "kfed"), ("moments", "")])
+def test_ffcms_kept_start_names_kfed_only_for_the_merged_local_centres(
+    tmp_path: Path, init: str, method: str
+) -> None:
+    """A kept start's warning names the one-shot method it amounts to: k-FED's scheme for the merged local
+    centres; the moments init (seeded draws, always under SecAgg+) amounts to none."""
+    keys = {"method": "ffcm", "dataset": "digits", "out-dir": str(tmp_path), "k": 3, "ffcm.init": init}
+    strategy = FFCMStrategy(parse_run_config(keys))
+    strategy.initial_centres = np.zeros((3, 4))
+    start = strategy.start_candidate()
+    assert start is not None and start.method == method
 
 
 def test_select_table_fits_the_margin_without_the_setting_it_reports(
