@@ -18,10 +18,12 @@ if [ "$WORKERS" = 0 ]; then
   exec .venv/bin/python -m pytest -q --durations=15 -m "$MARKS" "$@"
 fi
 # The loopback deployments, the two-node Ray cluster and the lost-SuperLink Ray run (marker `sequential`)
-# mostly wait on Flower's polls and heartbeats (seconds per message) or on Ray's start: they go one after
-# another in a process of their own beside the workers, who keep the CPUs busy meanwhile; their output
-# follows the workers'. Both runs must pass. The SIGTERM and SIGKILL Ray runs stay with the workers: with
-# them here too, the workers took 869 s, not 598 s.
+# wait on Flower's polls and heartbeats (seconds per message) and on Ray's start, and start a ClientApp
+# process per message (3-4 s of CPU each): alone they take ~300 s with 1.3 of the 2 cores busy on average.
+# They go one after another in a process of their own beside the workers; their output follows the
+# workers'. Both runs must pass. The whole suite keeps both cores busy (195 % on average), so its time is
+# its CPU time over two cores: ~610 s here, the workers 382 s with nothing beside them. The SIGTERM and
+# SIGKILL Ray runs stay with the workers: with them here too, the workers took 869 s, not 598 s.
 LOG=$(mktemp "${TMPDIR:-/tmp}/fedapp-sequential.XXXXXX")
 trap 'kill "$sequential" 2>/dev/null || true; rm -f "$LOG"' EXIT
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 -m "sequential and $MARKS" "$@" >"$LOG" 2>&1 &
