@@ -215,3 +215,23 @@ def test_a_base_install_runs_the_numpy_methods_and_refuses_ccfc(tmp_path: Path) 
     )
     assert refused.returncode == 2 and time.monotonic() - started < bound
     assert refused.stderr.strip().count("\n") == 0 and "fedapp[torch]" in refused.stderr, refused.stderr
+
+
+def test_a_clientapp_process_loads_no_optimizer_it_does_not_use() -> None:
+    """A deployment starts a ClientApp process per message: loading the ClientApp and any method's client
+    must not import SciPy's optimize package (0.33 s a process), which only the Hungarian matching of the
+    labelled metrics needs (`fedapp.metrics.contingency`)."""
+    script = (
+        "import sys\n"
+        "import fedapp.app.client_app\n"
+        "from fedapp.methods import METHODS, load_class\n"
+        "clients = [spec.client for spec in METHODS.values() if spec.client]\n"
+        "for client in clients:\n"
+        "    load_class(client)\n"
+        "print(len(clients), 'scipy.optimize' in sys.modules)\n"
+    )
+    command = [sys.executable, "-c", script]
+    out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    count, loaded = out.stdout.split()
+    assert int(count) >= 10 and loaded == "False", out.stdout
