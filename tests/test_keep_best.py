@@ -302,3 +302,34 @@ def test_loss_on_table_fits_the_k_threshold_without_the_dataset_it_reports(
     assert rows["stackoverflow"][5:8] == ["k ≥ 150", "scores", "10.00"]
     assert rows["agnews"][6:8] == ["scores", "0.00"]
     assert rows["mid-s0"][2:5] == ["0.100", "50.00 / 55.00", "50.00 / 55.00 |"]
+
+
+def test_keep_criteria_scores_a_clustering_as_its_federated_messages_would() -> None:
+    """`simulation.bench.keep_criteria.criteria`: per node only its clusters at or above the floor count;
+    SSB / SSW and the simplified silhouette around the pooled means of what counts equal a direct
+    computation on those records."""
+    from simulation.bench.keep_criteria import Pair, criteria
+
+    rng = np.random.default_rng(0)
+    space = np.concatenate([rng.normal(size=(60, 3)) + 4 * c for c in range(3)])
+    labels = np.repeat(np.arange(3), 60)
+    ids = rng.permutation(180)
+    nodes = [np.stack([ids[:90], labels[ids[:90]]], axis=1), np.stack([ids[90:], labels[ids[90:]]], axis=1)]
+    nodes[1][:3, 1] = 3  # three records of node 1 in a cluster of its own: under the floor of 5
+    values, used = criteria(space, nodes, 4, 5)
+    kept = np.concatenate([nodes[0], nodes[1][3:]])
+    x, y = space[kept[:, 0]], kept[:, 1]
+    means = np.stack([x[y == c].mean(0) for c in range(3)])
+    distances = np.linalg.norm(x[:, None, :] - means[None], axis=2)
+    a = distances[np.arange(len(y)), y]
+    distances[np.arange(len(y)), y] = np.inf
+    b = distances.min(1)
+    assert used == 3
+    assert values["simplified_silhouette"] == pytest.approx(np.mean((b - a) / np.maximum(a, b)), rel=1e-12)
+    chs = calinski_harabasz_score(x, y)
+    assert values["ssb_ssw"] == pytest.approx(chs * 2 / (len(y) - 3), rel=1e-9)
+    nmi = {"fk": 50.0, "f2k": 55.0}
+    pair = Pair("s-s0", "s", nmi, {"fk": 4, "f2k": 4}, {"c": {"fk": 0.10, "f2k": 0.098}})
+    assert pair.kept("c", 0.0) == "fk" and pair.kept("c", 0.03) == "f2k"
+    fewer = Pair("s-s0", "s", nmi, {"fk": 4, "f2k": 1}, {"c": {"fk": 0.1, "f2k": 0.2}})
+    assert fewer.kept("c", 0.0) == "fk"  # under half the clusters: never kept

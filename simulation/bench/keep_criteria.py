@@ -1,0 +1,236 @@
+"""Which label-free criterion tells the better of two clusterings that grew from different starts
+(docs/model-selection.md, "Keeping the better model": the 2K start compared with FSBERT k-FED's).
+
+For every pair of finished text runs on the same data and seed, `fk-NAME` (FSBERT k-FED) and `f2k-NAME`
+(FSTC trained from 2K local centres a client, `select = final`), both clusterings are scored in the same
+space, the frozen sentence embeddings both runs read, exactly as a federated message would: per node
+the records in clusters at or above the run's privacy floor, the pooled means from their sums, then
+SSB / SSW and the simplified silhouette around those means (`fedapp.metrics.label_free`). Labels only
+score (the runs' own NMI). Each rule "keep the final where its criterion is not more than m below
+FSBERT k-FED's" is then fitted leaving one setting out (a setting: NAME without its `-s<seed>`):
+
+    python -m simulation.bench.keep_criteria results/crit [--json results/crit/criteria.json]
+
+The loss a margin is fitted to is `select_table`'s: a kept clustering more than 1 NMI below the better
+one costs 100, each NMI point below it 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedapp.datasets.registry import load_dataset
+from fedapp.features.embeddings import EmbeddingCache, default_cache_dir
+from fedapp.features.texts import dataset_embeddings
+from fedapp.metrics.label_free import (
+    cluster_sums,
+    distance_sums,
+    label_free_metrics,
+    merge_cluster_sums,
+    merge_distance_sums,
+)
+from fedapp.report.keep import COLLAPSE_FRACTION, scatter
+
+PAIR = ("fk", "f2k")  # FSBERT k-FED, FSTC from the 2K start (select = final)
+# each the higher the better (Davies–Bouldin negated); all from the two passes a federated message needs
+CRITERIA = ("ssb_ssw", "simplified_silhouette", "negated_davies_bouldin")
+# relative; a negative margin asks the final to score that much above FSBERT k-FED's clustering
+MARGINS = (-0.05, -0.02, -0.01, 0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1)
+# FSTC's lead over FSBERT k-FED, NMI x 100, in the skew table (docs/methods/fstc.md; 3-seed means)
+LEADS = {"ag-dir03": 2.86, "ag-dir1": 6.41, "so-lt50": 1.31, "bio-lt50": 1.89, "bio-lt10": 0.59}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One data and seed: per clustering (fk, f2k) NMI x 100, clusters used and each criterion."""
+
+    name: str
+    setting: str
+    nmi: dict[str, float]
+    used: dict[str, int]
+    score: dict[str, dict[str, float]]  # criterion -> clustering -> value
+
+    def kept(self, criterion: str, margin: float) -> str:
+        """The final (f2k) unless it collapsed or its criterion is more than `margin` (relative) below."""
+        if self.used["f2k"] < COLLAPSE_FRACTION * self.used["fk"]:
+            return "fk"
+        values = self.score[criterion]
+        return "f2k" if values["f2k"] >= values["fk"] - margin * abs(values["fk"]) else "fk"
+
+    def loss(self, criterion: str, margin: float) -> float:
+        gap = max(self.nmi.values()) - self.nmi[self.kept(criterion, margin)]
+        return gap + (100.0 if gap > 1.0 else 0.0)
+
+
+def _assignments(run: Path, n: int) -> list[np.ndarray]:
+    """Per node: (ids, clusters) of its records (ids = rows of the dataset the run read)."""
+    nodes = []
+    for path in sorted((run / "nodes").glob("*/assignments.csv")):
+        table = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 1), dtype=np.int64, ndmin=2)
+        if table.size and table[:, 0].max() >= n:
+            raise ValueError(f"{path}: id {table[:, 0].max()} beyond the dataset's {n} rows")
+        nodes.append(table)
+    if not nodes:
+        raise ValueError(f"{run}: no nodes/*/assignments.csv")
+    return nodes
+
+
+def _finished(run: Path) -> bool:
+    """A run that wrote its summary and every node's assignments (a run still going has neither yet)."""
+    return (run / "summary.json").exists() and any((run / "nodes").glob("*/assignments.csv"))
+
+
+def criteria(space: np.ndarray, nodes: list[np.ndarray], k: int, floor: int) -> tuple[dict[str, float], int]:
+    """SSB / SSW and the simplified silhouette of one clustering, federated: per node only its clusters
+    at or above `floor` count (as `select`'s message); pass 1 the sums, pass 2 the distances."""
+    parts = []
+    for table in nodes:
+        ids, labels = table[:, 0], table[:, 1]
+        shared = np.bincount(labels, minlength=k)[labels] >= floor
+        parts.append((space[ids[shared]], labels[shared]))
+    pooled = merge_cluster_sums(cluster_sums(x, labels, k) for x, labels in parts)
+    means = np.divide(pooled.sums, np.maximum(pooled.counts, 1)[:, None])
+    distances = merge_distance_sums(distance_sums(x, labels, means, pooled.counts) for x, labels in parts)
+    metrics = label_free_metrics(pooled, distances)
+    norms = np.bincount(
+        np.concatenate([labels for _, labels in parts]),
+        weights=np.concatenate([np.einsum("ij,ij->i", x, x) for x, _ in parts]),
+        minlength=k,
+    )
+    spread = scatter(pooled.counts, pooled.sums, norms)
+    return {
+        "ssb_ssw": float(spread.ratio or 0.0),
+        "simplified_silhouette": float(metrics["simplified_silhouette"] or 0.0),
+        "negated_davies_bouldin": -float(metrics["davies_bouldin"] or 0.0),
+    }, int(metrics["n_clusters_used"])
+
+
+def score_pair(folder: Path, name: str) -> Pair:
+    runs = {tag: folder / f"{tag}-{name}" for tag in PAIR}
+    summaries = {tag: json.loads((run / "summary.json").read_text()) for tag, run in runs.items()}
+    config = summaries["fk"]["config"]
+    for key in ("dataset", "seed", "imbalance"):
+        if summaries["f2k"]["config"][key] != config[key]:
+            raise ValueError(f"{name}: the two runs differ in {key}")
+    data = load_dataset(
+        config["dataset"], config["data-dir"], seed=int(config["seed"]), imbalance=float(config["imbalance"])
+    )
+    space = dataset_embeddings(
+        data, config["embedding-model"], 32, "cpu", EmbeddingCache(default_cache_dir())
+    ).astype(np.float64)
+    k, floor = int(summaries["fk"]["k"]), int(config["min-cluster-size"])
+    score: dict[str, dict[str, float]] = {c: {} for c in CRITERIA}
+    used: dict[str, int] = {}
+    for tag, run in runs.items():
+        values, used[tag] = criteria(space, _assignments(run, len(space)), k, floor)
+        for criterion, value in values.items():
+            score[criterion][tag] = value
+    nmi = {tag: 100 * float(summaries[tag]["metrics"]["nmi"]) for tag in PAIR}
+    return Pair(name, re.sub(r"-s\d+$", "", name), nmi, used, score)
+
+
+def fit(pairs: list[Pair], criterion: str) -> float:
+    """The margin with the smallest total loss on `pairs` (ties: the smaller margin)."""
+    return min(MARGINS, key=lambda m: (sum(p.loss(criterion, m) for p in pairs), abs(m)))
+
+
+def _kept_without(pairs: list[Pair], pair: Pair, criterion: str) -> tuple[float, str]:
+    """The margin fitted on the other settings' pairs, and what it keeps on `pair`."""
+    margin = fit([p for p in pairs if p.setting != pair.setting], criterion)
+    return margin, pair.kept(criterion, margin)
+
+
+def table(pairs: list[Pair]) -> str:
+    header = "| run | NMI FSBERT k-FED | NMI final | final − FSBERT k-FED | clusters used"
+    header += " | SSB/SSW final / FSBERT k-FED | simplified silhouette final vs FSBERT k-FED"
+    lines = [header + "".join(f" | {c}: margin, kept − FSBERT k-FED" for c in CRITERIA) + " |"]
+    lines.append("|---|---|---|---|---|---|---|" + "---|" * len(CRITERIA))
+    gained: dict[str, dict[str, list[float]]] = {c: {} for c in CRITERIA}
+    for pair in sorted(pairs, key=lambda p: p.name):
+        ratio = pair.score["ssb_ssw"]["f2k"] / pair.score["ssb_ssw"]["fk"]
+        sil = pair.score["simplified_silhouette"]
+        difference = pair.nmi["f2k"] - pair.nmi["fk"]
+        cells = []
+        for criterion in CRITERIA:
+            margin, kept = _kept_without(pairs, pair, criterion)
+            gain = pair.nmi[kept] - pair.nmi["fk"]
+            gained[criterion].setdefault(pair.setting, []).append(gain)
+            cells.append(f"{margin:g}: {'final' if kept == 'f2k' else 'FSBERT k-FED'} {gain:+.2f}")
+        lines.append(
+            f"| {pair.name} | {pair.nmi['fk']:.2f} | {pair.nmi['f2k']:.2f} | {difference:+.2f}"
+            f" | {pair.used['fk']} / {pair.used['f2k']} | {ratio:.3f} | {sil['f2k']:.4f} vs {sil['fk']:.4f}"
+            + " | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [
+        "",
+        "| setting | seeds | FSTC's lead (half) | "
+        + " | ".join(f"{c}: mean kept − FSBERT k-FED" for c in CRITERIA)
+        + " |",
+    ]
+    lines.append("|---|---|---|" + "---|" * len(CRITERIA))
+    for setting in sorted(gained[CRITERIA[0]]):
+        lead = LEADS.get(setting)
+        shown = "—" if lead is None else f"{lead:+.2f} ({lead / 2:.2f})"
+        cells = []
+        for criterion in CRITERIA:
+            mean = float(np.mean(gained[criterion][setting]))
+            mark = "" if lead is None else (" ✓" if mean >= lead / 2 else " ✗")
+            cells.append(f"{mean:+.2f}{mark}")
+        lines.append(
+            f"| {setting} | {len(gained[CRITERIA[0]][setting])} | {shown} | " + " | ".join(cells) + " |"
+        )
+    lines.append("")
+    settings = len({p.setting for p in pairs})
+    apart = [p for p in pairs if abs(p.nmi["f2k"] - p.nmi["fk"]) > 1.0]
+    for criterion in CRITERIA:
+        right = sum(
+            (p.score[criterion]["f2k"] > p.score[criterion]["fk"]) == (p.nmi["f2k"] > p.nmi["fk"])
+            for p in apart
+        )
+        lines.append(
+            f"{criterion}: ranks {right} of the {len(apart)} pairs more than 1 NMI apart as NMI does"
+        )
+    for criterion in CRITERIA:
+        kept = np.concatenate([values for values in gained[criterion].values()])
+        lines.append(
+            f"{criterion}: margin fitted on all {settings} settings {fit(pairs, criterion):g};"
+            f" leaving one setting out: kept − FSBERT k-FED {kept.mean():+.2f} on average, lowest"
+            f" {kept.min():+.2f}, {int((kept < -1).sum())} of {kept.size} runs more than 1 below"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="holds fk-NAME and f2k-NAME run folders")
+    parser.add_argument("--json", type=Path, help="write every pair's scores here")
+    args = parser.parse_args(argv)
+    names = sorted(
+        run.name.removeprefix("f2k-")
+        for run in args.folder.glob("f2k-*")
+        if _finished(run) and _finished(args.folder / f"fk-{run.name[4:]}")
+    )
+    if not names:
+        print(f"no finished fk-NAME / f2k-NAME pairs in {args.folder}", file=sys.stderr)
+        return 2
+    pairs = []
+    for name in names:
+        print(f"scoring {name} ...", file=sys.stderr, flush=True)
+        pairs.append(score_pair(args.folder, name))
+    if args.json:
+        args.json.write_text(json.dumps([p.__dict__ for p in pairs], indent=1))
+    print(table(pairs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
