@@ -5,7 +5,8 @@ For every pair of finished text runs on the same data and seed, `fk-NAME` (FSBER
 (FSTC trained from 2K local centres a client, `select = final`), both clusterings are scored in the same
 space, the frozen sentence embeddings both runs read, exactly as a federated message would: per node
 the records in clusters at or above the run's privacy floor, the pooled means from their sums, then
-SSB / SSW and the simplified silhouette around those means (`fedapp.metrics.label_free`). Labels only
+SSB / SSW, the simplified silhouette and Davies–Bouldin around those means (`fedapp.metrics.label_free`;
+the simplified silhouette of an FSBERT k-FED run equals its own report's). Labels only
 score (the runs' own NMI). Each rule "keep the final where its criterion is not more than m below
 FSBERT k-FED's" is then fitted leaving one setting out (a setting: NAME without its `-s<seed>`):
 
@@ -122,8 +123,11 @@ def score_pair(folder: Path, name: str) -> Pair:
     data = load_dataset(
         config["dataset"], config["data-dir"], seed=int(config["seed"]), imbalance=float(config["imbalance"])
     )
+    length = int(config.get("textkfed.max-length", 32))
+    if int(summaries["f2k"]["config"].get("fstc.max-length", 32)) != length:
+        raise ValueError(f"{name}: the two runs embed the texts at different lengths")
     space = dataset_embeddings(
-        data, config["embedding-model"], 32, "cpu", EmbeddingCache(default_cache_dir())
+        data, config["embedding-model"], length, "cpu", EmbeddingCache(default_cache_dir())
     ).astype(np.float64)
     k, floor = int(summaries["fk"]["k"]), int(config["min-cluster-size"])
     score: dict[str, dict[str, float]] = {c: {} for c in CRITERIA}
