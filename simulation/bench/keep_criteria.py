@@ -12,8 +12,8 @@ FSBERT k-FED's" is then fitted leaving one setting out (a setting: NAME without 
 
     python -m simulation.bench.keep_criteria results/crit [--json results/crit/criteria.json]
 
-The loss a margin is fitted to is `select_table`'s: a kept clustering more than 1 NMI below the better
-one costs 100, each NMI point below it 1.
+The loss a margin is fitted to is `select_table.kept_loss`: a kept clustering more than 1 NMI below the
+better one costs 100, each NMI point below it 1.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from fedapp.metrics.label_free import (
     merge_distance_sums,
 )
 from fedapp.report.keep import COLLAPSE_FRACTION, scatter
+from simulation.bench.select_table import kept_loss
 
 PAIR = ("fk", "f2k")  # FSBERT k-FED, FSTC from the 2K start (select = final)
 # each the higher the better (Davies–Bouldin negated); all from the two passes a federated message needs
@@ -66,8 +67,7 @@ class Pair:
         return "f2k" if values["f2k"] >= values["fk"] - margin * abs(values["fk"]) else "fk"
 
     def loss(self, criterion: str, margin: float) -> float:
-        gap = max(self.nmi.values()) - self.nmi[self.kept(criterion, margin)]
-        return gap + (100.0 if gap > 1.0 else 0.0)
+        return kept_loss(self.nmi, self.kept(criterion, margin))
 
 
 def _assignments(run: Path, n: int) -> list[np.ndarray]:

@@ -44,9 +44,14 @@ class Scored:
         return "start" if self.ratio["final"] < (1.0 - margin) * self.ratio["start"] else "final"
 
     def loss(self, margin: float) -> float:
-        best = max(self.nmi.values())
-        gap = best - self.nmi[self.kept(margin)]
-        return gap + (100.0 if gap > 1.0 else 0.0)
+        return kept_loss(self.nmi, self.kept(margin))
+
+
+def kept_loss(nmi: dict[str, float], kept: str) -> float:
+    """The loss a margin is fitted to: each NMI point the kept candidate is below the better one costs 1,
+    and more than 1 below costs 100 more."""
+    gap = max(nmi.values()) - nmi[kept]
+    return gap + (100.0 if gap > 1.0 else 0.0)
 
 
 def read(run: Path) -> Scored | None:
