@@ -62,6 +62,7 @@ from fedapp.methods.fstc import (
     PHASE_INIT,
     PHASE_LLOYD,
     FSTCConfig,
+    loss_target,
     train_modes,
 )
 from fedapp.metrics.label_free import cluster_sums
@@ -204,8 +205,8 @@ class LocalUpdate:
     eval_batch: int  # batch size of the passes over every local sample
 
     def output(self, scores: torch.Tensor) -> torch.Tensor:
-        """What Q is compared with in Eq. 14: O itself, or softmax(O) (`loss-on`)."""
-        return compared_output(scores, self.params.loss_on)
+        """What Q is compared with in Eq. 14: O itself, or softmax(O) (`loss-on`, `auto` by k)."""
+        return compared_output(scores, loss_target(self.params.loss_on, self.k))
 
     def mixture_output(self, scores: torch.Tensor) -> torch.Tensor:
         """What the mixture's residual δ = Q - (this) uses (Eq. 8; `residual-on`, default Eq. 14's)."""

@@ -55,6 +55,7 @@ from fedapp.methods.fstc import (
     SECAGG_KEY,
     FSTCConfig,
     lloyd_rounds,
+    loss_target,
     train_modes,
 )
 from fedapp.models.fstc import fstc_model
@@ -379,6 +380,7 @@ class FSTCStrategy(ClusteringStrategy):
                 "align": self.align,
                 "dp_labels": self.params.dp_labels if self.privacy.private else None,
                 "site_skew": self.site_skew,
+                "loss_on": None if self.k is None else loss_target(self.params.loss_on, self.k),
                 "train_per_round": self.train_metrics,
             },
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -24,7 +25,7 @@ from fedapp.maths.fstc import (
     weighted_mse,
 )
 from fedapp.maths.losses import instance_contrastive_loss
-from fedapp.methods.fstc import FSTCConfig
+from fedapp.methods.fstc import SOFTMAX_FROM_K, FSTCConfig, loss_target
 from fedapp.models.fstc import FSTCModel
 
 
@@ -302,6 +303,19 @@ def test_the_mixture_residual_can_differ_from_the_loss_target(
     compared = scores if loss_on == "scores" else torch.softmax(scores, 1)
     expected = ((targets[indices] - compared) ** 2).sum(1).mean()
     assert float(terms["clustering"]) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_loss_on_auto_takes_softmax_from_many_clusters_on() -> None:
+    """`loss-on = auto`: Eq. 14 on O below `SOFTMAX_FROM_K` clusters, on softmax(O) from it on; the
+    explicit targets are not resolved by k."""
+    assert loss_target("auto", SOFTMAX_FROM_K - 1) == "scores"
+    assert loss_target("auto", SOFTMAX_FROM_K) == "softmax"
+    assert loss_target("scores", 10 * SOFTMAX_FROM_K) == "scores" and loss_target("softmax", 2) == "softmax"
+    scores = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_update(loss_on="auto").output(scores), scores)  # k = 3
+    many = dataclasses.replace(_update(loss_on="auto"), k=SOFTMAX_FROM_K)
+    torch.testing.assert_close(many.output(scores), torch.softmax(scores, 1))
+    torch.testing.assert_close(many.mixture_output(scores), torch.softmax(scores, 1))  # residual follows
 
 
 def test_relocate_empty_moves_empty_clusters_beside_the_largest_so_lloyd_splits_it() -> None:

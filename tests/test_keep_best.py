@@ -303,6 +303,20 @@ def test_loss_on_table_fits_the_k_threshold_without_the_dataset_it_reports(
     assert rows["agnews"][6:8] == ["scores", "0.00"]
     assert rows["mid-s0"][2:5] == ["0.100", "50.00 / 55.00", "50.00 / 55.00 |"]
 
+    # a published row whose runs are gone (means over its 2 pairs): O far better at k = 64 moves the
+    # threshold fitted without CLINC150 to never, so k = 150 gets O and loses its lead
+    earlier = tmp_path / "earlier.json"
+    row = {"final_gain": -15.0, "kept_gain": 0.0, "loss_scores": 0.0, "loss_softmax": 15.0}
+    earlier.write_text(json.dumps({"rows": [{"dataset": "mixed", "k": 64, "pairs": 2, **row}]}))
+    assert main([str(tmp_path / "scores"), str(tmp_path / "softmax"), "--earlier", str(earlier)]) == 0
+    rows = {
+        line.split(" | ")[0][2:]: line.split(" | ")
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["clinc150"][5:8] == ["never", "scores", "10.00"]
+    assert rows["mixed"][1:8] == ["64", "2", "-15.00", "+0.00", "k ≥ 20", "softmax", "15.00"]
+
 
 def test_keep_criteria_scores_a_clustering_as_its_federated_messages_would() -> None:
     """`simulation.bench.keep_criteria.criteria`: per node only its clusters at or above the floor count;

@@ -1,26 +1,31 @@
-"""Eq. 14 on O or on softmax(O): paired runs of the two targets, and whether a threshold on k that
-takes softmax(O) from some k on holds leaving one dataset out (docs/methods/fstc.md, "Eq. 14 on O or
-softmax(O)": it does not, so `loss-on` stays `scores`).
+"""Eq. 14 on O or on softmax(O): paired runs of the two targets, and the threshold on k that takes
+softmax(O) from some k on, fitted leaving one dataset out (docs/methods/fstc.md, "`loss-on = auto`": it
+holds for CLINC150 once the composites of `simulation.bench.composite_texts` are measured; the fit on
+all is `fedapp.methods.fstc.SOFTMAX_FROM_K`).
 
-    python -m simulation.bench.loss_on_table results/select-scores results/select --runs
+    python -m simulation.bench.loss_on_table results/composite/scores results/composite/softmax \
+        --earlier simulation/bench/loss_on_earlier.json --runs
 
 The two folders hold runs of the same names (setting and seed) with `fstc.loss-on = scores` and
 `softmax`. Each pair gives both targets' final model (`select = final`) and kept model (`select = best`,
 fedapp.report.keep's rule at `KEEP_MARGIN`), NMI only scoring. A threshold T takes softmax(O) where the
 run's k >= T. Its loss on a pair: the NMI the chosen target's kept model is below the other target's,
 plus the same for the final model (the default keeps, `select = final` trains; both count). For every
-dataset in turn (CLINC150's intents and domains are one dataset) T is fitted on the other datasets' pairs
-and applied to this one's; ties go to the larger T (the paper's O wherever softmax(O) shows no gain).
+dataset in turn (CLINC150's intents and domains are one dataset, and so are the composites) T is fitted
+on the other datasets' pairs and applied to this one's; ties go to the larger T (the paper's O wherever
+softmax(O) shows no gain). `--earlier` adds published rows whose runs are no longer on disk.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedapp.datasets.sources import is_source_spec
 from fedapp.report.keep import KEEP_MARGIN
 from simulation.bench.select_table import read
 
@@ -49,7 +54,12 @@ class Pair:
 
 
 def _dataset(summary: dict) -> str:
-    return str(summary["dataset"]).removesuffix("-domains")
+    """CLINC150's intents and domains are one dataset, and so are the composites of
+    `simulation.bench.composite_texts` (an own file's stem without its digits: texts40, texts64)."""
+    name = str(summary["dataset"])
+    if is_source_spec(name):
+        return re.sub(r"\d+$", "", Path(name.split(":", 1)[1]).stem)
+    return name.removesuffix("-domains")
 
 
 def read_pair(name: str, runs: dict[str, Path]) -> Pair | None:
@@ -77,35 +87,81 @@ def pairs(scores: Path, softmax: Path) -> list[Pair]:
     return [pair for pair in found if pair is not None]
 
 
-def fit(runs: list[Pair]) -> int:
-    """The threshold with the least total loss on `runs` (ties: the larger): one at each k seen, or never."""
-    candidates = sorted({pair.k for pair in runs}) + [NEVER]
-    return min(candidates, key=lambda t: (sum(pair.loss(t) for pair in runs), -t))
+@dataclass(frozen=True)
+class Totals:
+    """One dataset's pairs at one k, summed: what the fit needs. Pairs measured earlier whose runs are no
+    longer on disk enter as their published row (`--earlier`, means times pairs)."""
+
+    dataset: str
+    k: int
+    pairs: int
+    final_gain: float  # sum over the pairs of softmax(O)'s final NMI minus O's
+    kept_gain: float  # the same for the kept model
+    loss_scores: float  # summed loss where O is chosen
+    loss_softmax: float  # summed loss where softmax(O) is chosen
+
+    def loss(self, threshold: int) -> float:
+        return self.loss_softmax if self.k >= threshold else self.loss_scores
+
+    def target(self, threshold: int) -> str:
+        return "softmax" if self.k >= threshold else "scores"
+
+
+def totals(runs: list[Pair]) -> list[Totals]:
+    groups: dict[tuple[str, int], list[Pair]] = {}
+    for pair in runs:
+        groups.setdefault((pair.dataset, pair.k), []).append(pair)
+    return [
+        Totals(
+            dataset,
+            k,
+            len(at_k),
+            sum(p.final["softmax"] - p.final["scores"] for p in at_k),
+            sum(p.kept["softmax"] - p.kept["scores"] for p in at_k),
+            sum(p.loss(NEVER) for p in at_k),
+            sum(p.loss(ALWAYS) for p in at_k),
+        )
+        for (dataset, k), at_k in sorted(groups.items())
+    ]
+
+
+def read_earlier(path: Path) -> list[Totals]:
+    """Rows of a published table ({"rows": [{dataset, k, pairs, and the per-pair means final_gain,
+    kept_gain, loss_scores, loss_softmax}]}), summed back over their pairs."""
+    rows = json.loads(path.read_text())["rows"]
+    means = ("final_gain", "kept_gain", "loss_scores", "loss_softmax")
+    return [
+        Totals(row["dataset"], int(row["k"]), int(row["pairs"]), *(row[m] * row["pairs"] for m in means))
+        for row in rows
+    ]
+
+
+def fit(rows: list[Totals]) -> int:
+    """The threshold with the least total loss on `rows` (ties: the larger): one at each k seen, or never."""
+    candidates = sorted({row.k for row in rows}) + [NEVER]
+    return min(candidates, key=lambda t: (sum(row.loss(t) for row in rows), -t))
 
 
 def _threshold(t: int) -> str:
     return "never" if t == NEVER else f"k ≥ {t}"
 
 
-def table(runs: list[Pair]) -> str:
+def table(rows: list[Totals]) -> str:
     lines = [
         "| dataset | k | pairs | final: softmax − O | kept: softmax − O | T fitted without it | chosen "
         "| loss (NMI) | loss with O | loss with softmax(O) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for dataset in sorted({p.dataset for p in runs}):
-        mine = [p for p in runs if p.dataset == dataset]
-        threshold = fit([p for p in runs if p.dataset != dataset])
-        for k in sorted({p.k for p in mine}):
-            at_k = [p for p in mine if p.k == k]
-            final = sum(p.final["softmax"] - p.final["scores"] for p in at_k) / len(at_k)
-            kept = sum(p.kept["softmax"] - p.kept["scores"] for p in at_k) / len(at_k)
-            loss = [sum(p.loss(t) for p in at_k) / len(at_k) for t in (threshold, NEVER, ALWAYS)]
+    for dataset in sorted({row.dataset for row in rows}):
+        threshold = fit([row for row in rows if row.dataset != dataset])
+        for row in sorted((row for row in rows if row.dataset == dataset), key=lambda row: row.k):
+            n = row.pairs
             lines.append(
-                f"| {dataset} | {k} | {len(at_k)} | {final:+.2f} | {kept:+.2f} | {_threshold(threshold)} "
-                f"| {at_k[0].target(threshold)} | {loss[0]:.2f} | {loss[1]:.2f} | {loss[2]:.2f} |"
+                f"| {dataset} | {row.k} | {n} | {row.final_gain / n:+.2f} | {row.kept_gain / n:+.2f} "
+                f"| {_threshold(threshold)} | {row.target(threshold)} | {row.loss(threshold) / n:.2f} "
+                f"| {row.loss_scores / n:.2f} | {row.loss_softmax / n:.2f} |"
             )
-    lines.append(f"\nfitted on all {len({p.dataset for p in runs})} datasets: {_threshold(fit(runs))}")
+    lines.append(f"\nfitted on all {len({row.dataset for row in rows})} datasets: {_threshold(fit(rows))}")
     return "\n".join(lines)
 
 
@@ -128,12 +184,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("scores", type=Path, help="runs with fstc.loss-on = scores")
     parser.add_argument("softmax", type=Path, help="runs of the same names with fstc.loss-on = softmax")
     parser.add_argument("--runs", action="store_true", help="also print one row a pair")
+    parser.add_argument("--earlier", type=Path, help="a JSON of published rows whose runs are gone")
     args = parser.parse_args(argv)
     found = pairs(args.scores, args.softmax)
     if not found:
         print("no pair of runs with report.select scatter and labels", file=sys.stderr)
         return 2
-    print(table(found))
+    print(table(totals(found) + (read_earlier(args.earlier) if args.earlier else [])))
     if args.runs:
         print("\n" + per_run(found))
     return 0
