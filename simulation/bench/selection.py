@@ -165,6 +165,12 @@ def _rows(name: str, layout: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.
         )
         (local,), (X,) = client_rows(cfg)
     truths = {"labels": np.asarray(local.labels)}
+    if name in HELD_OUT:  # a composite's labels are "<set>:<class>": the sets are a second truth
+        from fedapp.datasets import load_dataset
+
+        names = load_dataset(dataset).class_names or ()
+        sources = np.array([names[label].split(":")[0] for label in truths["labels"]])
+        truths["sources"] = np.unique(sources, return_inverse=True)[1]
     if name in SECOND_TRUTH:
         from fedapp.datasets import load_dataset
 
