@@ -335,11 +335,14 @@ def _losses(result: dict[str, Any], constants: list[StabilityRule]) -> np.ndarra
 
 
 def family(name: str) -> str:
-    """Datasets left out together: the scalings of one set, the dimensions of one synthetic generator."""
+    """Datasets left out together: the scalings of one set, the dimensions of one synthetic generator,
+    the held-out composites."""
     if name.startswith("none-"):
         return "none-" + name.split("-")[1]
     if name.startswith("mix-"):
         return name.rsplit("-", 1)[0]
+    if name in HELD_OUT:  # both composites hold StackOverflow's and Biomedical's texts
+        return "composite"
     return name.removesuffix("-zscore")
 
 
