@@ -30,7 +30,6 @@ from fedapp.report.keep import KEEP_MARGIN
 from simulation.bench.select_table import read
 
 NEVER = 10**6  # a threshold no k reaches: O everywhere
-ALWAYS = 0  # a threshold every k reaches: softmax(O) everywhere
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,8 @@ class Pair:
     final: dict[str, float]
     kept: dict[str, float]
 
-    def target(self, threshold: int) -> str:
-        return "softmax" if self.k >= threshold else "scores"
-
-    def loss(self, threshold: int) -> float:
-        chosen = self.target(threshold)
+    def loss(self, chosen: str) -> float:
+        """The NMI the `chosen` target's final and kept models are below the other target's."""
         return sum(max(nmi.values()) - nmi[chosen] for nmi in (self.final, self.kept))
 
 
@@ -100,11 +96,11 @@ class Totals:
     loss_scores: float  # summed loss where O is chosen
     loss_softmax: float  # summed loss where softmax(O) is chosen
 
-    def loss(self, threshold: int) -> float:
-        return self.loss_softmax if self.k >= threshold else self.loss_scores
-
     def target(self, threshold: int) -> str:
         return "softmax" if self.k >= threshold else "scores"
+
+    def loss(self, threshold: int) -> float:
+        return self.loss_softmax if self.target(threshold) == "softmax" else self.loss_scores
 
 
 def totals(runs: list[Pair]) -> list[Totals]:
@@ -118,8 +114,8 @@ def totals(runs: list[Pair]) -> list[Totals]:
             len(at_k),
             sum(p.final["softmax"] - p.final["scores"] for p in at_k),
             sum(p.kept["softmax"] - p.kept["scores"] for p in at_k),
-            sum(p.loss(NEVER) for p in at_k),
-            sum(p.loss(ALWAYS) for p in at_k),
+            sum(p.loss("scores") for p in at_k),
+            sum(p.loss("softmax") for p in at_k),
         )
         for (dataset, k), at_k in sorted(groups.items())
     ]

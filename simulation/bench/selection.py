@@ -66,8 +66,8 @@ REGISTERED = {
     "20news": ("fsbert-kfed", "20news", "none"),
     "clinc150": ("fsbert-kfed", "clinc150", "none"),
 }
-# held out: measured only when named, with the code's constants, never in a fit; the files are made by
-# `python -m simulation.bench.composite_texts` (40 and 64 classes of the shared text sets)
+# held out: measured only when named, and in a fit only when `--loo --also` names their folder; the files
+# are made by `python -m simulation.bench.composite_texts` (40 and 64 classes of the shared text sets)
 HELD_OUT = {
     "composite40": ("fsbert-kfed", "csv:results/composite/texts40.csv", "none"),
     "composite64": ("fsbert-kfed", "csv:results/composite/texts64.csv", "none"),
@@ -148,6 +148,7 @@ def _rows(name: str, layout: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.
         X, y = SYNTHETIC[name]()
         return X, _split(len(y), CLIENTS.get(name, 10), layout), {"labels": y}
     from fedapp.config.run import parse_run_config  # registered sets only: the rest needs no Flower
+    from fedapp.datasets import load_dataset
     from simulation.tune import client_rows
 
     method, dataset, scaling = {**REGISTERED, **HELD_OUT}[name]
@@ -166,14 +167,10 @@ def _rows(name: str, layout: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.
         (local,), (X,) = client_rows(cfg)
     truths = {"labels": np.asarray(local.labels)}
     if name in HELD_OUT:  # a composite's labels are "<set>:<class>": the sets are a second truth
-        from fedapp.datasets import load_dataset
-
         names = load_dataset(dataset).class_names or ()
         sources = np.array([names[label].split(":")[0] for label in truths["labels"]])
         truths["sources"] = np.unique(sources, return_inverse=True)[1]
     if name in SECOND_TRUTH:
-        from fedapp.datasets import load_dataset
-
         truths[SECOND_TRUTH[name]] = np.asarray(load_dataset(SECOND_TRUTH[name]).y)
     return X, _split(len(X), 10, layout), truths
 
