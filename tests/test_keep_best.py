@@ -347,3 +347,27 @@ def test_keep_criteria_scores_a_clustering_as_its_federated_messages_would() -> 
     assert pair.kept("c", 0.0) == "fk" and pair.kept("c", 0.03) == "f2k"
     fewer = Pair("s-s0", "s", nmi, {"fk": 4, "f2k": 1}, {"c": {"fk": 0.1, "f2k": 0.2}})
     assert fewer.kept("c", 0.0) == "fk"  # under half the clusters: never kept
+
+
+def test_composite_texts_take_an_equal_sample_of_the_first_classes_of_each_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--classes N` keeps the first N classes of every set named, `per_class` seeded texts each, labelled
+    "<set>:<class>", whitespace collapsed; a class too small to sample is refused."""
+    from types import SimpleNamespace
+
+    from simulation.bench import composite_texts
+
+    def fake(name: str) -> SimpleNamespace:
+        y = np.repeat(np.arange(5), 4)
+        return SimpleNamespace(n_classes=5, y=y, texts=[f"{name}  text\n{i}" for i in range(len(y))])
+
+    monkeypatch.setattr(composite_texts, "load_dataset", fake)
+    found = composite_texts.rows(3, seed=0, sets=("agnews", "biomedical"), classes=2)
+    labels = [label for _, label in found]
+    assert labels == ["agnews:0"] * 3 + ["agnews:1"] * 3 + ["biomedical:0"] * 3 + ["biomedical:1"] * 3
+    assert all("  " not in text and "\n" not in text for text, _ in found)
+    assert found == composite_texts.rows(3, seed=0, sets=("agnews", "biomedical"), classes=2)
+    assert len(composite_texts.rows(3, seed=0, sets=("agnews",))) == 15  # every class by default
+    with pytest.raises(ValueError, match="fewer than 5"):
+        composite_texts.rows(5, seed=0, sets=("agnews",))
