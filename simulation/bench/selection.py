@@ -67,8 +67,10 @@ REGISTERED = {
     "clinc150": ("fsbert-kfed", "clinc150", "none"),
 }
 # held out: measured only when named, and in a fit only when `--loo --also` names their folder; the files
-# are made by `python -m simulation.bench.composite_texts` (40 and 64 classes of the shared text sets)
+# are made by `python -m simulation.bench.composite_texts` (24 to 64 classes of the shared text sets)
 HELD_OUT = {
+    "composite24": ("fsbert-kfed", "csv:results/composite/texts24.csv", "none"),
+    "composite32": ("fsbert-kfed", "csv:results/composite/texts32.csv", "none"),
     "composite40": ("fsbert-kfed", "csv:results/composite/texts40.csv", "none"),
     "composite64": ("fsbert-kfed", "csv:results/composite/texts64.csv", "none"),
 }
@@ -338,7 +340,7 @@ def family(name: str) -> str:
         return "none-" + name.split("-")[1]
     if name.startswith("mix-"):
         return name.rsplit("-", 1)[0]
-    if name in HELD_OUT:  # both composites hold StackOverflow's and Biomedical's texts
+    if name in HELD_OUT:  # the composites share StackOverflow's, Biomedical's and AgNews' texts
         return "composite"
     return name.removesuffix("-zscore")
 
