@@ -70,6 +70,7 @@ REGISTERED = {
 # are made by `python -m simulation.bench.composite_texts` (24 to 64 classes of the shared text sets)
 HELD_OUT = {
     "composite24": ("fsbert-kfed", "csv:results/composite/texts24.csv", "none"),
+    "composite28": ("fsbert-kfed", "csv:results/composite/texts28.csv", "none"),
     "composite32": ("fsbert-kfed", "csv:results/composite/texts32.csv", "none"),
     "composite40": ("fsbert-kfed", "csv:results/composite/texts40.csv", "none"),
     "composite64": ("fsbert-kfed", "csv:results/composite/texts64.csv", "none"),
