@@ -12,6 +12,8 @@ clusters; a rule on k fitted leaving one dataset out needs another (docs/methods
         --sets biomedical agnews
     python -m simulation.bench.composite_texts results/composite/texts32.csv --per-class 300 \
         --sets stackoverflow biomedical --classes 16
+    python -m simulation.bench.composite_texts results/composite/texts28.csv --per-class 300 \
+        --sets stackoverflow biomedical --classes 14
 
 The file is a user's own labelled table (`text`, `label` = "<set>:<class>"): run it with
 `--dataset csv:results/composite/texts64.csv`. Texts are cut to 400 characters with whitespace
