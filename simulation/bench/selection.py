@@ -69,11 +69,8 @@ REGISTERED = {
 # held out: measured only when named, and in a fit only when `--loo --also` names their folder; the files
 # are made by `python -m simulation.bench.composite_texts` (24 to 64 classes of the shared text sets)
 HELD_OUT = {
-    "composite24": ("fsbert-kfed", "csv:results/composite/texts24.csv", "none"),
-    "composite28": ("fsbert-kfed", "csv:results/composite/texts28.csv", "none"),
-    "composite32": ("fsbert-kfed", "csv:results/composite/texts32.csv", "none"),
-    "composite40": ("fsbert-kfed", "csv:results/composite/texts40.csv", "none"),
-    "composite64": ("fsbert-kfed", "csv:results/composite/texts64.csv", "none"),
+    f"composite{classes}": ("fsbert-kfed", f"csv:results/composite/texts{classes}.csv", "none")
+    for classes in (24, 28, 32, 40, 64)
 }
 SECOND_TRUTH = {"clinc150": "clinc150-domains"}
 
