@@ -424,3 +424,25 @@ def test_the_null_draws_bench_scores_against_the_draws_mean_and_a_draw_taken_as_
     assert reference(table, draws=2) == pytest.approx(
         {"reference max": 1 / 3, "reference mean": (1 / 3 - 0.5) / 2}
     )
+
+
+def test_the_elongated_benchmark_stretches_each_cluster_at_the_mixtures_spread() -> None:
+    """simulation.bench.selection's held-out `elong-*` sets (docs/model-selection.md): each cluster is
+    stretched 4:1 along its own axes and keeps unit variance per dimension on average, as `_mixture`'s
+    round clusters do; `stretch = 1` is round. Seeded: the same rows every time."""
+    from simulation.bench.selection import ELONGATED, _elongated
+
+    def axes(stretch: float) -> list[np.ndarray]:
+        X, y = _elongated(5, 10, 1.6, stretch)
+        assert len(np.unique(y)) == 5 and len(X) == len(y) and X.shape[1] == 10
+        return [np.sqrt(np.linalg.eigvalsh(np.cov(X[y == c].T))) for c in range(5) if (y == c).sum() >= 200]
+
+    for spread in axes(4.0):
+        assert spread.max() / spread.min() > 3.0, spread  # 4:1 up to the sample's noise
+        assert np.mean(spread**2) == pytest.approx(1.0, abs=0.15)
+    for spread in axes(1.0):
+        assert spread.max() / spread.min() < 1.8, spread
+    X, y = ELONGATED["elong-k5-d10"]()
+    again, labels = ELONGATED["elong-k5-d10"]()
+    np.testing.assert_array_equal(X, again)
+    np.testing.assert_array_equal(y, labels)
