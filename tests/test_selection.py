@@ -110,6 +110,40 @@ def test_a_heavy_tailed_or_skewed_cloud_in_64_dimensions_is_weak(kind: str) -> N
     assert max(candidates) == 30 and "extended" not in sure
 
 
+def test_a_far_finer_k_that_beats_its_null_by_more_makes_a_coarse_choice_weak() -> None:
+    """Two super-groups split almost perfectly, and so does a cloud of the data's shape in two: k = 2 tops
+    the excess (0.9) though its clusterings beat the null's by 0.09 only, while k = 8 beats its null by
+    0.40 (excess 0.67, more than `ambiguity` below). The finer level is there: weak, naming it. Where
+    k = 8 beats its null by less than k = 2 does, k = 2 stays strong."""
+
+    def row(stability: float, null: float) -> dict[str, float | None]:
+        return {"stability": stability, "null_stability": null}
+
+    table = {2: row(0.99, 0.90), 3: row(0.60, 0.50), 4: row(0.60, 0.45), 8: row(0.80, 0.40)}
+    assert choose_k(table) == 2
+    sure = confidence(table, 2)
+    assert sure["verdict"] == "weak", sure
+    assert "k = 8 beats a structureless cloud" in str(sure["why"]) and "two scales" in str(sure["why"])
+    table[8] = row(0.50, 0.45)
+    assert confidence(table, 2)["verdict"] == "strong"
+    assert confidence(table, 2, StabilityRule(ambiguity=None))["verdict"] == "strong"
+
+
+@pytest.mark.long
+def test_ten_elongated_clusters_read_as_two_are_weak() -> None:
+    """The held-out `elong-k10-d10` (docs/model-selection.md): 10 clusters stretched 4:1 whose centres
+    form two groups. The two split reproducibly and k = 2 tops the excess; k-means' cut of elongated
+    clusters at finer ks is less reproducible. The verdict says the finer level is there."""
+    from simulation.bench.selection import ELONGATED, _split
+
+    rows, _ = ELONGATED["elong-k10-d10"]()
+    owner = _split(len(rows), 10, "iid")
+    selection, _ = select_k([rows[owner == c] for c in range(10)], 2, 30, seed=0, floor=5)
+    sure = selection.confidence
+    assert selection.k == 2 and sure["verdict"] == "weak", (selection.k, sure)
+    assert "beats a structureless cloud" in str(sure["why"]) and "two scales" in str(sure["why"]), sure
+
+
 def test_the_null_does_not_depend_on_the_signs_the_svd_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     """An SVD's signs differ with the BLAS and its thread count; a flipped axis mirrors the null's seeded
     draws, another cloud, and BDGP's verdict flipped between 1 and 2 threads (docs/model-selection.md).

@@ -78,8 +78,10 @@ class StabilityRule:
     (`excess`) is within `tolerance` of the best. The verdict is weak where the best excess is below
     `weak_below`; where the chosen k's stability exceeds its null's by less than `raw_below` (a cloud of
     yet another shape may split as reproducibly); where a k above 2k scores within `ambiguity` of the
-    chosen one (structure at two scales; a k below k/2 as stable is only reported, `coarser`: merging
-    separated clusters is as reproducible as finding them); or where one direction holds
+    chosen one, or (with `ambiguity` on) beats its null by more agreement than the chosen k does
+    (`raw_gain`: the excess's division favours few clusters, whose null splits reproducibly too), both
+    structure at two scales (a k below k/2 as stable is only reported, `coarser`: merging separated
+    clusters is as reproducible as finding them); or where one direction holds
     `dominant_above` of the data's spread (features on different scales: any clustering slices that
     direction); or where the ks within `tolerance` of the best reach below `plateau_below` times the
     chosen k (the data do not decide within that range); or where the chosen k's clusters are tighter than
@@ -507,6 +509,14 @@ def gap(row: dict[str, float | None]) -> float | None:
     return float(np.log(data) / np.log(null) - 1.0)
 
 
+def raw_gain(row: dict[str, float | None]) -> float | None:
+    """A candidate's stability minus its null's, unnormalised. `excess` divides it by the null's
+    instability, which is small for few clusters (a cloud splits in two almost as reproducibly as the
+    data): a coarse level can top the excess while a finer one beats its null by more."""
+    raw, null = row.get("stability"), row.get("null_stability")
+    return None if raw is None or null is None else raw - null
+
+
 def no_tighter(row: dict[str, float | None], constants: StabilityRule) -> bool:
     """The candidate's clusters cut the spread barely deeper than a cloud's (`gap` below `gap_below`)."""
     tighter = gap(row)
@@ -572,11 +582,14 @@ def confidence(
     # a far larger k about as stable casts doubt (the chosen k may merge clusters); a far smaller one
     # does not: merging whole separated clusters is as reproducible as finding them (a nested level)
     rival = max((k for k in scored if k > 2 * chosen), key=lambda k: scored[k], default=None)
+    # and the far larger k that beats its null by the most agreement, unnormalised (`raw_gain`)
+    gains = {k: g for k in scored if k > 2 * chosen and (g := raw_gain(table[k])) is not None}
+    finer = max(gains, key=lambda k: gains[k], default=None)
     coarser = sorted(
         k for k in scored if k < chosen / 2 and scored[k] >= scored[chosen] - constants.tolerance
     )
     strengths = {k: float(v) for k in plateau if (v := table[k].get("prediction_strength")) is not None}
-    weakness = _weakness(scored, chosen, row, plateau, rival, constants, dominance, strengths)
+    weakness = _weakness(scored, chosen, row, plateau, (rival, finer), constants, dominance, strengths, table)
     verdict = "strong" if weakness is None else "weak"
     why = weakness or (
         f"k = {chosen}'s clusterings agree {row.get('stability'):.2f}, "
@@ -603,15 +616,18 @@ def _weakness(
     chosen: int,
     row: dict[str, float | None],
     plateau: list[int],
-    rival: int | None,
+    rivals: tuple[int | None, int | None],
     constants: StabilityRule,
     dominance: float | None,
     strengths: dict[int, float],
+    table: dict[int, dict[str, float | None]],
 ) -> str | None:
     """Why the choice is weak (`StabilityRule`'s checks, the first that holds), or None: strong.
-    `strengths`: the prediction strength of the ks on the plateau."""
+    `rivals`: the k above twice the chosen one with the best excess and the one with the best
+    `raw_gain`; `strengths`: the prediction strength of the ks on the plateau."""
     top = max(scored.values())
-    gain = None if row.get("null_stability") is None else row["stability"] - row["null_stability"]  # type: ignore[operator]
+    rival, finer = rivals
+    gain = raw_gain(row)
     if top <= constants.weak_below:
         return f"no candidate k is stable beyond a structureless cloud of the data's shape (best {top:.2f})"
     if gain is not None and gain < constants.raw_below:
@@ -642,6 +658,13 @@ def _weakness(
             f"k = {rival} is about as stable ({scored[rival]:.2f} against {scored[chosen]:.2f}): "
             "structure at two scales"
         )
+    if constants.ambiguity is not None and finer is not None and gain is not None:
+        finer_gain = raw_gain(table[finer])
+        if finer_gain is not None and finer_gain > gain:
+            return (
+                f"k = {finer} beats a structureless cloud of the data's shape by more agreement than k = "
+                f"{chosen} ({finer_gain:.2f} against {gain:.2f}): structure at two scales"
+            )
     if constants.plateau_below is not None and plateau[0] < constants.plateau_below * chosen:
         return (
             f"every k from {plateau[0]} to {plateau[-1]} is about as stable (within {constants.tolerance:g} "
