@@ -480,3 +480,27 @@ def test_the_elongated_benchmark_stretches_each_cluster_at_the_mixtures_spread()
     again, labels = ELONGATED["elong-k5-d10"]()
     np.testing.assert_array_equal(X, again)
     np.testing.assert_array_equal(y, labels)
+
+
+def test_the_benchmark_loss_charges_a_weak_verdict_only_where_it_warns_for_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """simulation.bench.selection's loss: a silent miss (strong, > 5 NMI below the nearer truth) costs 100
+    plus the points; a weak verdict 2 where the choice is within 5 NMI of every truth, and nothing where it
+    misses one of two truths (CLINC150's intents and domains, a composite's classes and sets): the warning
+    was deserved."""
+    from simulation.bench import selection as bench
+
+    def result(nmi: dict[str, float], true: dict[str, float]) -> dict[str, object]:
+        return {"candidates": {"3": {"nmi": nmi}}, "true_k_nmi": true}
+
+    verdict = {"v": "weak"}
+    monkeypatch.setattr(bench, "simulate", lambda *_: (3, verdict["v"], [2, 30]))
+    rule = StabilityRule()
+    assert bench._loss_one(result({"labels": 80.0}, {"labels": 81.0}), rule) == pytest.approx(3.0)
+    two_levels = result({"labels": 34.0, "sets": 72.0}, {"labels": 60.0, "sets": 68.0})
+    assert bench._loss_one(two_levels, rule) == 0.0  # a hit on the sets, 26 below the classes: deserved
+    assert bench._loss_one(result({"a": 70.0, "b": 70.0}, {"a": 72.0, "b": 71.0}), rule) == pytest.approx(3.0)
+    verdict["v"] = "strong"
+    assert bench._loss_one(two_levels, rule) == 0.0  # the nearer truth decides a miss
+    assert bench._loss_one(result({"labels": 45.0}, {"labels": 91.0}), rule) == pytest.approx(146.0)

@@ -92,8 +92,8 @@ def _mixture(k: int, dims: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
 
 def _elongated(k: int, dims: int, spread: float, stretch: float = 4.0) -> tuple[np.ndarray, np.ndarray]:
     """`_mixture`'s clusters (the same centres' spread and sizes), each stretched `stretch`:1 along its
-    own random axes at the same total variance: clusters that are not round, which k-means can cut into
-    reproducible pieces (HW's digits split into sub-styles so)."""
+    own random axes at the same total variance: clusters that are not round, whose cut at the true k is
+    less reproducible for k-means than a coarser level's (docs/model-selection.md)."""
     rng = np.random.default_rng([k, dims, 4])
     centres = rng.normal(size=(k, dims)) * spread
     per = max(100, 4000 // k)
