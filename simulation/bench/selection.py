@@ -78,16 +78,30 @@ HELD_OUT = {
 SECOND_TRUTH = {"clinc150": "clinc150-domains"}
 
 
-def _mixture(k: int, dims: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
-    """k unit-variance Gaussian clusters, centres drawn N(0, spread^2), sizes Dirichlet(2) (imbalanced)."""
-    rng = np.random.default_rng([k, dims])
+def _clusters(
+    k: int,
+    dims: int,
+    spread: float,
+    seed: list[int],
+    cluster: Callable[[np.random.Generator, np.ndarray, int], np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """k clusters, centres drawn N(0, spread^2), sizes Dirichlet(2) (imbalanced), each cluster's rows drawn
+    by `cluster(rng, centre, size)`, shuffled."""
+    rng = np.random.default_rng(seed)
     centres = rng.normal(size=(k, dims)) * spread
     per = max(100, 4000 // k)
     sizes = np.maximum(10, np.round(rng.dirichlet(np.full(k, 2.0)) * per * k)).astype(int)
-    X = np.concatenate([c + rng.normal(size=(s, dims)) for c, s in zip(centres, sizes, strict=True)])
+    X = np.concatenate([cluster(rng, centre, size) for centre, size in zip(centres, sizes, strict=True)])
     y = np.repeat(np.arange(k), sizes)
     order = rng.permutation(len(y))
     return X[order], y[order]
+
+
+def _mixture(k: int, dims: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
+    """k unit-variance Gaussian clusters (`_clusters`)."""
+    return _clusters(
+        k, dims, spread, [k, dims], lambda rng, centre, size: centre + rng.normal(size=(size, dims))
+    )
 
 
 def _elongated(
@@ -97,19 +111,14 @@ def _elongated(
     own random axes at the same total variance: clusters that are not round, whose cut at the true k is
     less reproducible for k-means than a coarser level's (docs/model-selection.md). `draw` > 0: another
     draw of the same shape."""
-    rng = np.random.default_rng([k, dims, 4, *([draw] if draw else [])])
-    centres = rng.normal(size=(k, dims)) * spread
-    per = max(100, 4000 // k)
-    sizes = np.maximum(10, np.round(rng.dirichlet(np.full(k, 2.0)) * per * k)).astype(int)
     scales = np.geomspace(stretch, 1.0, dims)
     scales /= np.sqrt(np.mean(scales**2))  # unit variance per dimension on average, as `_mixture`'s
-    parts = []
-    for centre, size in zip(centres, sizes, strict=True):
+
+    def stretched(rng: np.random.Generator, centre: np.ndarray, size: int) -> np.ndarray:
         axes = np.linalg.qr(rng.normal(size=(dims, dims)))[0]
-        parts.append(centre + (rng.normal(size=(size, dims)) * scales) @ axes.T)
-    y = np.repeat(np.arange(k), sizes)
-    order = rng.permutation(len(y))
-    return np.concatenate(parts)[order], y[order]
+        return centre + (rng.normal(size=(size, dims)) * scales) @ axes.T
+
+    return _clusters(k, dims, spread, [k, dims, 4, *([draw] if draw else [])], stretched)
 
 
 def _structureless(
@@ -183,8 +192,9 @@ def _split(n: int, clients: int, layout: str) -> np.ndarray:
 
 def _rows(name: str, layout: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Every record (in the selection space), its client and its truths."""
-    if name in SYNTHETIC or name in ELONGATED:
-        X, y = {**SYNTHETIC, **ELONGATED}[name]()
+    generate = SYNTHETIC.get(name) or ELONGATED.get(name)
+    if generate is not None:
+        X, y = generate()
         return X, _split(len(y), CLIENTS.get(name, 10), layout), {"labels": y}
     from fedapp.config.run import parse_run_config  # registered sets only: the rest needs no Flower
     from fedapp.datasets import load_dataset
@@ -297,10 +307,15 @@ def simulate(result: dict[str, Any], rule: str, constants: StabilityRule) -> tup
         top *= EXTEND_FACTOR
 
 
+def _shortfalls(result: dict[str, Any], k: int) -> list[float]:
+    """NMI at each truth's own k minus NMI at k, one per truth (none: no structure)."""
+    row = result["candidates"][str(k)]["nmi"]
+    return [result["true_k_nmi"][t] - row[t] for t in result["true_k_nmi"] if t in row]
+
+
 def misses(result: dict[str, Any], k: int) -> float | None:
     """NMI at the truth's own k minus NMI at k (the smallest over the truths); None: no structure."""
-    row = result["candidates"][str(k)]["nmi"]
-    gaps = [result["true_k_nmi"][t] - row[t] for t in result["true_k_nmi"] if t in row]
+    gaps = _shortfalls(result, k)
     return min(gaps) if gaps else None
 
 
@@ -315,13 +330,12 @@ def loss(results: list[dict[str, Any]], constants: StabilityRule) -> float:
 
 def _loss_one(result: dict[str, Any], constants: StabilityRule) -> float:
     k, verdict, _ = simulate(result, "stability", constants)
-    miss = misses(result, k)
-    if miss is None:
+    gaps = _shortfalls(result, k)
+    if not gaps:
         return 100.0 if verdict == "strong" else 0.0
+    miss = min(gaps)
     silent = 100.0 if miss > 5 and verdict == "strong" else 0.0
-    row = result["candidates"][str(k)]["nmi"]
-    worst = max(result["true_k_nmi"][t] - row[t] for t in result["true_k_nmi"] if t in row)
-    return max(miss, 0.0) + silent + (2.0 if verdict == "weak" and worst <= 5 else 0.0)
+    return max(miss, 0.0) + silent + (2.0 if verdict == "weak" and max(gaps) <= 5 else 0.0)
 
 
 # each verdict check from its most cautious setting (the most weak verdicts) to off, so that among
