@@ -584,12 +584,12 @@ def confidence(
     rival = max((k for k in scored if k > 2 * chosen), key=lambda k: scored[k], default=None)
     # and the far larger k that beats its null by the most agreement, unnormalised (`raw_gain`)
     gains = {k: g for k in scored if k > 2 * chosen and (g := raw_gain(table[k])) is not None}
-    finer = max(gains, key=lambda k: gains[k], default=None)
+    finer = max(gains.items(), key=lambda item: item[1], default=None)
     coarser = sorted(
         k for k in scored if k < chosen / 2 and scored[k] >= scored[chosen] - constants.tolerance
     )
     strengths = {k: float(v) for k in plateau if (v := table[k].get("prediction_strength")) is not None}
-    weakness = _weakness(scored, chosen, row, plateau, (rival, finer), constants, dominance, strengths, table)
+    weakness = _weakness(scored, chosen, row, plateau, (rival, finer), constants, dominance, strengths)
     verdict = "strong" if weakness is None else "weak"
     why = weakness or (
         f"k = {chosen}'s clusterings agree {row.get('stability'):.2f}, "
@@ -616,15 +616,14 @@ def _weakness(
     chosen: int,
     row: dict[str, float | None],
     plateau: list[int],
-    rivals: tuple[int | None, int | None],
+    rivals: tuple[int | None, tuple[int, float] | None],
     constants: StabilityRule,
     dominance: float | None,
     strengths: dict[int, float],
-    table: dict[int, dict[str, float | None]],
 ) -> str | None:
     """Why the choice is weak (`StabilityRule`'s checks, the first that holds), or None: strong.
-    `rivals`: the k above twice the chosen one with the best excess and the one with the best
-    `raw_gain`; `strengths`: the prediction strength of the ks on the plateau."""
+    `rivals`: the k above twice the chosen one with the best excess, and the one with the best
+    `raw_gain` with that gain; `strengths`: the prediction strength of the ks on the plateau."""
     top = max(scored.values())
     rival, finer = rivals
     gain = raw_gain(row)
@@ -658,13 +657,11 @@ def _weakness(
             f"k = {rival} is about as stable ({scored[rival]:.2f} against {scored[chosen]:.2f}): "
             "structure at two scales"
         )
-    if constants.ambiguity is not None and finer is not None and gain is not None:
-        finer_gain = raw_gain(table[finer])
-        if finer_gain is not None and finer_gain > gain:
-            return (
-                f"k = {finer} beats a structureless cloud of the data's shape by more agreement than k = "
-                f"{chosen} ({finer_gain:.2f} against {gain:.2f}): structure at two scales"
-            )
+    if constants.ambiguity is not None and finer is not None and gain is not None and finer[1] > gain:
+        return (
+            f"k = {finer[0]} beats a structureless cloud of the data's shape by more agreement than k = "
+            f"{chosen} ({finer[1]:.2f} against {gain:.2f}): structure at two scales"
+        )
     if constants.plateau_below is not None and plateau[0] < constants.plateau_below * chosen:
         return (
             f"every k from {plateau[0]} to {plateau[-1]} is about as stable (within {constants.tolerance:g} "
