@@ -504,3 +504,37 @@ def test_the_benchmark_loss_charges_a_weak_verdict_only_where_it_warns_for_nothi
     verdict["v"] = "strong"
     assert bench._loss_one(two_levels, rule) == 0.0  # the nearer truth decides a miss
     assert bench._loss_one(result({"labels": 45.0}, {"labels": 91.0}), rule) == pytest.approx(146.0)
+
+
+def test_a_folds_changes_name_the_benchmarks_that_outvote_the_codes_constants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--loo --why FAMILY`: the constants fitted without the family, and each other benchmark whose loss
+    differs between the code's constants and those, with both (loss, k, verdict); a family the results
+    lack is refused."""
+    from simulation.bench import selection as bench
+
+    code, other = StabilityRule(), StabilityRule(plateau_below=0.5)
+    results = [{"name": name} for name in ("hw", "hw-zscore", "mix-k5-d10", "mix-k5-d50", "digits")]
+    table = {  # losses under [code, other]: without hw, mix-k5-d10's warning for nothing outweighs
+        "hw": np.array([0.0, 0.0]),
+        "hw-zscore": np.array([0.0, 106.9]),
+        "mix-k5-d10": np.array([2.0, 0.0]),
+        "mix-k5-d50": np.array([0.0, 0.0]),
+        "digits": np.array([0.0, 0.5]),
+    }
+    monkeypatch.setattr(
+        bench,
+        "simulate",
+        lambda result, rule, c: (5, "weak" if c.plateau_below == 0.67 else "strong", [2, 30]),
+    )
+    fitted, changes = bench.fold_changes(results, "hw", table, [code, other], code)
+    assert fitted == other
+    assert changes == [
+        ("mix-k5-d10", (2.0, 5, "weak"), (0.0, 5, "strong")),
+        ("digits", (0.0, 5, "weak"), (0.5, 5, "strong")),
+    ]
+    fitted, changes = bench.fold_changes(results, "digits", table, [code, other], code)
+    assert fitted == code and changes == []  # with hw in the fit the code's constants win: nothing moves
+    with pytest.raises(ValueError, match="no benchmark of family"):
+        bench.fold_changes(results, "clinc150", table, [code, other], code)

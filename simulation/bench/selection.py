@@ -17,6 +17,7 @@ datasets but one family and reports that family with them, for every family in t
     .venv/bin/python -m simulation.bench.selection [--layout iid|unequal] [NAME ...]   # measure
     .venv/bin/python -m simulation.bench.selection --loo [--layout iid|unequal]        # the table
     .venv/bin/python -m simulation.bench.selection --loo --strength   # with the prediction-strength check
+    .venv/bin/python -m simulation.bench.selection --loo --why hw     # what moves that family's constants
 """
 
 from __future__ import annotations
@@ -438,6 +439,35 @@ def loo_table(results: list[dict[str, Any]], constants: list[StabilityRule] = GR
     return "\n".join(lines)
 
 
+def fold_changes(
+    results: list[dict[str, Any]],
+    left_out: str,
+    table: dict[str, np.ndarray] | None = None,
+    constants: list[StabilityRule] = GRID,
+    reference: StabilityRule = STABILITY_RULE,
+) -> tuple[StabilityRule, list[tuple[str, tuple[float, int, str], tuple[float, int, str]]]]:
+    """Why a family's fold gets other constants than `reference` (the code's): the constants fitted
+    without the family, and each other benchmark whose loss differs between the two, with its (loss, k,
+    verdict) under the reference and under the fold's fit. The sum of those differences is what the fit
+    saved by moving away from the reference: where the left-out family needs the reference, these are the
+    benchmarks that outvote it."""
+    others = [r for r in results if family(r["name"]) != left_out]
+    if len(others) == len(results):
+        raise ValueError(f"no benchmark of family {left_out!r} among the results")
+    table = table or loss_table(others, constants)
+    fitted = fit(others, table, constants)
+    at = {c: constants.index(c) for c in (reference, fitted)}
+    changes = []
+    for result in others:
+        name = result["name"]
+        ours, theirs = (float(table[name][at[c]]) for c in (reference, fitted))
+        if ours != theirs:
+            k_ours, verdict_ours, _ = simulate(result, "stability", reference)
+            k_theirs, verdict_theirs, _ = simulate(result, "stability", fitted)
+            changes.append((name, (ours, k_ours, verdict_ours), (theirs, k_theirs, verdict_theirs)))
+    return fitted, changes
+
+
 def _constants(constants: StabilityRule, strength: bool = False) -> str:
     values = [
         constants.tolerance,
@@ -466,6 +496,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--strength", action="store_true", help="--loo: the prediction-strength check in the grid too"
     )
+    parser.add_argument("--why", metavar="FAMILY", help="--loo: the benchmarks that move FAMILY's constants")
     args = parser.parse_args(argv)
     if args.loo:
         found: dict[str, dict[str, Any]] = {}
@@ -474,7 +505,23 @@ def main(argv: list[str] | None = None) -> None:
                 result = json.loads(path.read_text())
                 if "dominance" in result:  # measured with the null (older files lack it)
                     found[result["name"]] = result
-        print(loo_table(list(found.values()), grid(STRENGTH_MARGINS) if args.strength else GRID))
+        constants = grid(STRENGTH_MARGINS) if args.strength else GRID
+        if args.why:
+            if args.why not in {family(name) for name in found}:
+                parser.error(
+                    f"--why {args.why}: no such family (families: {sorted({family(n) for n in found})})"
+                )
+            fitted, changes = fold_changes(list(found.values()), args.why, constants=constants)
+            print(f"fitted without {args.why}: {_constants(fitted, args.strength)}")
+            for name, (ours, k, verdict), (theirs, k_fit, verdict_fit) in changes:
+                print(
+                    f"{name}: the code's constants k {k} {verdict} (loss {ours:.2f}), "
+                    f"the fold's k {k_fit} {verdict_fit} (loss {theirs:.2f})"
+                )
+            saved = sum(ours - theirs for _, (ours, _, _), (theirs, _, _) in changes)
+            print(f"the fold's constants cost {saved:.2f} less on the other benchmarks")
+            return
+        print(loo_table(list(found.values()), constants))
         print(
             "(tolerance, weak-below, raw-below, ambiguity, dominant-above, plateau-below, gap-below"
             f"{', strength-margin' if args.strength else ''}; the code's: "
