@@ -468,6 +468,22 @@ def fold_changes(
     return fitted, changes
 
 
+def why_report(
+    results: list[dict[str, Any]], left_out: str, constants: list[StabilityRule], strength: bool = False
+) -> str:
+    """`--loo --why FAMILY`: `fold_changes` as lines, and what the fold's constants save in all."""
+    fitted, changes = fold_changes(results, left_out, constants=constants)
+    lines = [f"fitted without {left_out}: {_constants(fitted, strength)}"]
+    lines += [
+        f"{name}: the code's constants k {k} {verdict} (loss {ours:.2f}), "
+        f"the fold's k {k_fit} {verdict_fit} (loss {theirs:.2f})"
+        for name, (ours, k, verdict), (theirs, k_fit, verdict_fit) in changes
+    ]
+    saved = sum(ours - theirs for _, (ours, _, _), (theirs, _, _) in changes)
+    lines.append(f"the fold's constants cost {saved:.2f} less on the other benchmarks")
+    return "\n".join(lines)
+
+
 def _constants(constants: StabilityRule, strength: bool = False) -> str:
     values = [
         constants.tolerance,
@@ -498,6 +514,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--why", metavar="FAMILY", help="--loo: the benchmarks that move FAMILY's constants")
     args = parser.parse_args(argv)
+    if args.why and not args.loo:
+        parser.error("--why needs --loo")
     if args.loo:
         found: dict[str, dict[str, Any]] = {}
         for folder in (args.out, *args.also):  # a later folder's result of the same set wins
@@ -511,15 +529,7 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(
                     f"--why {args.why}: no such family (families: {sorted({family(n) for n in found})})"
                 )
-            fitted, changes = fold_changes(list(found.values()), args.why, constants=constants)
-            print(f"fitted without {args.why}: {_constants(fitted, args.strength)}")
-            for name, (ours, k, verdict), (theirs, k_fit, verdict_fit) in changes:
-                print(
-                    f"{name}: the code's constants k {k} {verdict} (loss {ours:.2f}), "
-                    f"the fold's k {k_fit} {verdict_fit} (loss {theirs:.2f})"
-                )
-            saved = sum(ours - theirs for _, (ours, _, _), (theirs, _, _) in changes)
-            print(f"the fold's constants cost {saved:.2f} less on the other benchmarks")
+            print(why_report(list(found.values()), args.why, constants, args.strength))
             return
         print(loo_table(list(found.values()), constants))
         print(
