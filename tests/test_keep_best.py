@@ -316,6 +316,23 @@ def test_loss_on_table_fits_the_k_threshold_without_the_dataset_it_reports(
     }
     assert rows["clinc150"][5:8] == ["never", "scores", "10.00"]
     assert rows["mixed"][1:8] == ["64", "2", "-15.00", "+0.00", "k ≥ 20", "softmax", "15.00"]
+    # a published row of a dataset and k whose runs are on disk is replaced by them, not counted twice
+    stale = {"dataset": "clinc150", "k": 150, "pairs": 9, **row}
+    earlier.write_text(json.dumps({"rows": [stale]}))
+    assert main([str(tmp_path / "scores"), str(tmp_path / "softmax"), "--earlier", str(earlier)]) == 0
+    out = capsys.readouterr().out
+    assert "| clinc150 | 150 | 1 | +5.00 |" in out and "| clinc150 | 150 | 9 |" not in out
+
+
+def test_the_published_loss_on_rows_fit_the_codes_softmax_threshold() -> None:
+    """`simulation/bench/loss_on_earlier.json` holds every published pair of the `loss-on` table (their runs
+    need ../shared/data and hours); the threshold they fit is the one the code uses."""
+    from fedapp.methods.fstc import SOFTMAX_FROM_K
+    from simulation.bench.loss_on_table import fit, read_earlier
+
+    rows = read_earlier(Path(__file__).parents[1] / "simulation" / "bench" / "loss_on_earlier.json")
+    assert {row.k for row in rows if row.dataset == "texts"} >= {24, 25, 26, 28}
+    assert fit(rows) == SOFTMAX_FROM_K
 
 
 def test_keep_criteria_scores_a_clustering_as_its_federated_messages_would() -> None:
@@ -350,10 +367,12 @@ def test_keep_criteria_scores_a_clustering_as_its_federated_messages_would() -> 
 
 
 def test_composite_texts_take_an_equal_sample_of_the_first_classes_of_each_set(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--classes N` keeps the first N classes of every set named, `per_class` seeded texts each, labelled
-    "<set>:<class>", whitespace collapsed; a class too small to sample is refused."""
+    "<set>:<class>", whitespace collapsed; `--classes N M` N of the first set and M of the second, the
+    longer cut's texts without its last class (the 25-class file is the 26-class one less a class); a
+    class too small to sample is refused, and so is a count of classes for each set that misses one."""
     from types import SimpleNamespace
 
     from simulation.bench import composite_texts
@@ -363,11 +382,15 @@ def test_composite_texts_take_an_equal_sample_of_the_first_classes_of_each_set(
         return SimpleNamespace(n_classes=5, y=y, texts=[f"{name}  text\n{i}" for i in range(len(y))])
 
     monkeypatch.setattr(composite_texts, "load_dataset", fake)
-    found = composite_texts.rows(3, seed=0, sets=("agnews", "biomedical"), classes=2)
+    found = composite_texts.rows(3, seed=0, sets=("agnews", "biomedical"), classes=(2, 2))
     labels = [label for _, label in found]
     assert labels == ["agnews:0"] * 3 + ["agnews:1"] * 3 + ["biomedical:0"] * 3 + ["biomedical:1"] * 3
     assert all("  " not in text and "\n" not in text for text, _ in found)
-    assert found == composite_texts.rows(3, seed=0, sets=("agnews", "biomedical"), classes=2)
+    assert found == composite_texts.rows(3, seed=0, sets=("agnews", "biomedical"), classes=(2, 2))
+    assert composite_texts.rows(3, seed=0, sets=("agnews", "biomedical"), classes=(2, 1)) == found[:9]
     assert len(composite_texts.rows(3, seed=0, sets=("agnews",))) == 15  # every class by default
     with pytest.raises(ValueError, match="fewer than 5"):
         composite_texts.rows(5, seed=0, sets=("agnews",))
+    with pytest.raises(SystemExit):
+        composite_texts.main(["unused.csv", "--sets", "agnews", "biomedical", "--classes", "1", "2", "3"])
+    assert "one a set (2), got 3" in capsys.readouterr().err

@@ -13,7 +13,8 @@ run's k >= T. Its loss on a pair: the NMI the chosen target's kept model is belo
 plus the same for the final model (the default keeps, `select = final` trains; both count). For every
 dataset in turn (CLINC150's intents and domains are one dataset, and so are the composites) T is fitted
 on the other datasets' pairs and applied to this one's; ties go to the larger T (the paper's O wherever
-softmax(O) shows no gain). `--earlier` adds published rows whose runs are no longer on disk.
+softmax(O) shows no gain). `--earlier` adds published rows whose runs are no longer on disk (a row whose
+dataset and k the runs given measure is left out: the runs replace it).
 """
 
 from __future__ import annotations
@@ -132,6 +133,13 @@ def read_earlier(path: Path) -> list[Totals]:
     ]
 
 
+def merged(on_disk: list[Totals], earlier: list[Totals]) -> list[Totals]:
+    """The runs on disk, and the published rows of every dataset and k none of them measures (a published
+    row stands in for runs that are gone, never beside them)."""
+    measured = {(row.dataset, row.k) for row in on_disk}
+    return on_disk + [row for row in earlier if (row.dataset, row.k) not in measured]
+
+
 def fit(rows: list[Totals]) -> int:
     """The threshold with the least total loss on `rows` (ties: the larger): one at each k seen, or never."""
     candidates = sorted({row.k for row in rows}) + [NEVER]
@@ -186,7 +194,7 @@ def main(argv: list[str]) -> int:
     if not found:
         print("no pair of runs with report.select scatter and labels", file=sys.stderr)
         return 2
-    print(table(totals(found) + (read_earlier(args.earlier) if args.earlier else [])))
+    print(table(merged(totals(found), read_earlier(args.earlier) if args.earlier else [])))
     if args.runs:
         print("\n" + per_run(found))
     return 0
