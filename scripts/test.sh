@@ -17,6 +17,12 @@ WORKERS=${FEDAPP_TEST_WORKERS:-2}
 if [ "$WORKERS" = 0 ]; then
   exec .venv/bin/python -m pytest -q --durations=15 -m "$MARKS" "$@"
 fi
+# One OpenMP / MKL / OpenBLAS thread a process: the workers and the sequential runs already keep every
+# core busy, and the libraries' extra threads only spin beside them (2 cores: the workers' CPU 760 ->
+# 639 s, their wall 658 -> 593 s; OpenMP and MKL alone 658 -> 633 s). The tests of the code's own thread
+# limits start their pools at two threads themselves.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 # The loopback deployments, the two-node Ray cluster and the lost-SuperLink Ray run (marker `sequential`)
 # wait on Flower's polls and heartbeats (seconds per message) and on Ray's start, and start a ClientApp
 # process per message (3-4 s of CPU each): alone they take ~300 s with 1.3 of the 2 cores busy on average.

@@ -64,22 +64,38 @@ def test_same_seed_same_result(tmp_path: Path) -> None:
 
 def test_the_mixture_runs_on_one_blas_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """OpenBLAS threads on the N x K mixture made a contended 2-core run 2.2x slower
-    (fedapp/maths/threads.py)."""
+    (fedapp/maths/threads.py). Every mixture fit runs inside the client's `one_blas_thread` block, on one
+    BLAS thread (the block's own effect is tested in a fresh process with two threads in
+    tests/test_kfed_ffcm.py: scripts/test.sh runs the suite with one)."""
+    from contextlib import contextmanager
+
     from threadpoolctl import threadpool_info
 
+    import clients.fstc
     from fedapp.maths.fstc import GaussianUniformMixture
 
-    seen: list[int] = []
-    fit = GaussianUniformMixture.fit_responsibilities
+    seen: list[tuple[int, int]] = []
+    fit, limit, inside = GaussianUniformMixture.fit_responsibilities, clients.fstc.one_blas_thread, [0]
+
+    @contextmanager
+    def counted() -> Any:
+        with limit():
+            inside[0] += 1
+            try:
+                yield
+            finally:
+                inside[0] -= 1
 
     def spy(self: GaussianUniformMixture, *args: Any, **kwargs: Any) -> np.ndarray:
-        seen.append(max((p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"), default=1))
+        threads = max((p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"), default=1)
+        seen.append((inside[0], threads))
         return fit(self, *args, **kwargs)
 
     before = {p["filepath"]: p["num_threads"] for p in threadpool_info()}
     monkeypatch.setattr(GaussianUniformMixture, "fit_responsibilities", spy)
+    monkeypatch.setattr(clients.fstc, "one_blas_thread", counted)
     _run(tmp_path, "threads", **{"num-rounds": 2})
-    assert seen and set(seen) == {1}
+    assert seen and all(blocks >= 1 and threads == 1 for blocks, threads in seen), seen
     after = {p["filepath"]: p["num_threads"] for p in threadpool_info()}
     assert {path: after[path] for path in before} == before  # lifted after each client call (the run
     # may load another pool: torch's OpenMP when this test runs first)
