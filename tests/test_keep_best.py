@@ -324,15 +324,24 @@ def test_loss_on_table_fits_the_k_threshold_without_the_dataset_it_reports(
     assert "| clinc150 | 150 | 1 | +5.00 |" in out and "| clinc150 | 150 | 9 |" not in out
 
 
-def test_the_published_loss_on_rows_fit_the_codes_softmax_threshold() -> None:
+def test_the_published_loss_on_rows_fit_the_codes_softmax_threshold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`simulation/bench/loss_on_earlier.json` holds every published pair of the `loss-on` table (their runs
     need ../shared/data and hours); the threshold they fit is the one the code uses."""
     from fedapp.methods.fstc import SOFTMAX_FROM_K
-    from simulation.bench.loss_on_table import fit, read_earlier
+    from simulation.bench.loss_on_table import fit, main, read_earlier
 
-    rows = read_earlier(Path(__file__).parents[1] / "simulation" / "bench" / "loss_on_earlier.json")
+    published = Path(__file__).parents[1] / "simulation" / "bench" / "loss_on_earlier.json"
+    rows = read_earlier(published)
     assert {row.k for row in rows if row.dataset == "texts"} >= {24, 25, 26, 28}
     assert fit(rows) == SOFTMAX_FROM_K
+    # without any run on disk the command prints the published table and its fit
+    gone = tmp_path / "gone"
+    assert main([str(gone / "scores"), str(gone / "softmax"), "--earlier", str(published)]) == 0
+    out = capsys.readouterr().out
+    assert "| texts | 25 | 4 | +2.28 |" in out and f"fitted on all 6 datasets: k ≥ {SOFTMAX_FROM_K}" in out
+    assert main([str(gone / "scores"), str(gone / "softmax")]) == 2  # nothing at all: refused
 
 
 def test_keep_criteria_scores_a_clustering_as_its_federated_messages_would() -> None:

@@ -75,9 +75,10 @@ def read_pair(name: str, runs: dict[str, Path]) -> Pair | None:
 
 
 def pairs(scores: Path, softmax: Path) -> list[Pair]:
+    """The runs of the same name in both folders (none where a folder is missing: runs are gone)."""
     names = sorted(
         run.name
-        for run in scores.iterdir()
+        for run in (scores.iterdir() if scores.is_dir() else ())
         if (run / "summary.json").exists() and (softmax / run.name / "summary.json").exists()
     )
     found = (read_pair(name, {"scores": scores / name, "softmax": softmax / name}) for name in names)
@@ -191,7 +192,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--earlier", type=Path, help="a JSON of published rows whose runs are gone")
     args = parser.parse_args(argv)
     found = pairs(args.scores, args.softmax)
-    if not found:
+    if not found and not args.earlier:
         print("no pair of runs with report.select scatter and labels", file=sys.stderr)
         return 2
     print(table(merged(totals(found), read_earlier(args.earlier) if args.earlier else [])))
