@@ -67,6 +67,7 @@ def test_the_mixture_runs_on_one_blas_thread(tmp_path: Path, monkeypatch: pytest
     (fedapp/maths/threads.py). Every mixture fit runs inside the client's `one_blas_thread` block, on one
     BLAS thread (the block's own effect is tested in a fresh process with two threads in
     tests/test_kfed_ffcm.py: scripts/test.sh runs the suite with one)."""
+    from collections.abc import Iterator
     from contextlib import contextmanager
 
     from threadpoolctl import threadpool_info
@@ -78,7 +79,7 @@ def test_the_mixture_runs_on_one_blas_thread(tmp_path: Path, monkeypatch: pytest
     fit, limit, inside = GaussianUniformMixture.fit_responsibilities, clients.fstc.one_blas_thread, [0]
 
     @contextmanager
-    def counted() -> Any:
+    def counted() -> Iterator[None]:
         with limit():
             inside[0] += 1
             try:
