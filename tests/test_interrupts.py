@@ -18,7 +18,7 @@ import pytest
 from fedapp.launch.phase import RunPhase, read_phase
 from fedapp.launch.processes import RUN_TOKEN_ENV, Interrupted, child_environment, report_interrupt
 from fedapp.launch.sweep import run_processes, stop_run
-from fedapp.report.records import await_report, mark_summary, start_summary
+from fedapp.report.records import await_report, mark_summary, start_summary, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 # an orphan that ignores SIGTERM, holds a file open under the home, and carries no run token
@@ -167,7 +167,9 @@ def test_a_signal_after_the_run_ended_keeps_its_status_and_exits_with_its_code(
 def test_a_signal_in_the_final_report_lets_it_finish_within_the_grace(tmp_path: Path) -> None:
     path = tmp_path / "summary.json"
     path.write_text(json.dumps({"status": "running", "rounds": 28, "phase": "in the final report"}))
-    finisher = threading.Timer(0.3, lambda: path.write_text(json.dumps({"status": "converged"})))
+    # written as the ServerApp writes it (a temporary file renamed over it): `write_text` truncates first,
+    # and a read between the truncation and the write met an empty file (a CI run failed on it)
+    finisher = threading.Timer(0.3, lambda: write_json(path, {"status": "converged"}))
     finisher.start()
     started = time.monotonic()
     assert await_report(tmp_path, 10.0) and time.monotonic() - started < 5
