@@ -22,7 +22,9 @@ from fedapp.maths.selection import (
     candidate_statistics,
     choose_k,
     confidence,
+    depth,
     gap,
+    gap_settles,
     local_k,
     merge_statistics,
     null_rows,
@@ -353,6 +355,41 @@ def test_each_rule_picks_its_extreme_and_ties_go_to_the_smaller_k() -> None:
     assert "one direction" in str(confidence(table, 4, StabilityRule(), dominance=0.97)["why"])
     with pytest.raises(SelectionError, match="unknown rule"):
         choose_k(table, "gap")
+
+
+def _plateau_table(depth_of: dict[int, float], top: int) -> dict[int, dict[str, float | None]]:
+    """ks 2..top; 3 to 6 equally stable (excess 0.9), the rest 0.5; the null leaves 80 % of the spread,
+    the data's clusters `depth_of[k]` deeper (log)."""
+    return {
+        k: {
+            "stability": 0.9 if 3 <= k <= 6 else 0.5,
+            "null_stability": 0.0,
+            "spread_left": 0.8 * float(np.exp(-depth_of[k])),
+            "null_spread_left": 0.8,
+        }
+        for k in range(2, top + 1)
+    }
+
+
+def test_a_plateau_settled_by_the_gap_is_strong_and_only_then() -> None:
+    """Every k from 3 to 6 about as stable: weak (the data do not decide), unless the gap statistic backs
+    the largest: its depth stops growing at 6, seen up to twice 6. A depth still growing, a range short of
+    twice the chosen k, or the check off leave the plateau weak."""
+    flat = _plateau_table({k: 0.05 * min(k, 6) for k in range(2, 13)}, 12)
+    rising = _plateau_table({k: 0.05 * k for k in range(2, 13)}, 12)
+    assert depth(flat[6]) == pytest.approx(0.3) and depth({"spread_left": 0.5}) is None
+    rule = StabilityRule(tolerance=0.03, ambiguity=None, plateau_below=0.67, plateau_settled=0.95)
+    assert choose_k(flat, "stability", rule) == choose_k(rising, "stability", rule) == 6
+    assert gap_settles(flat, 6, rule) and not gap_settles(rising, 6, rule)
+    sure = confidence(flat, 6, rule)
+    assert sure["verdict"] == "strong" and "gap to a cloud stops growing at 6" in str(sure["why"])
+    assert "every k from 3 to 6" in str(confidence(rising, 6, rule)["why"])
+    short = {k: row for k, row in flat.items() if k < 12}  # nothing seen at twice the chosen k
+    assert not gap_settles(short, 6, rule) and confidence(short, 6, rule)["verdict"] == "weak"
+    loose = StabilityRule(tolerance=0.03, ambiguity=None, plateau_below=0.67, plateau_settled=0.45)
+    assert gap_settles(rising, 6, loose)  # 0.3 of 0.6: settled only at a laxer share
+    off = StabilityRule(tolerance=0.03, ambiguity=None, plateau_below=0.67, plateau_settled=None)
+    assert confidence(flat, 6, off)["verdict"] == "weak"
 
 
 def test_a_search_extends_only_with_room_under_the_floor() -> None:

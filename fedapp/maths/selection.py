@@ -84,7 +84,9 @@ class StabilityRule:
     clusters is as reproducible as finding them); or where one direction holds
     `dominant_above` of the data's spread (features on different scales: any clustering slices that
     direction); or where the ks within `tolerance` of the best reach below `plateau_below` times the
-    chosen k (the data do not decide within that range); or where the chosen k's clusters are tighter than
+    chosen k (the data do not decide within that range) unless the gap settles the plateau
+    (`gap_settles`: the chosen k's `depth` at least `plateau_settled` of the range's deepest, the range
+    reaching twice the chosen k); or where the chosen k's clusters are tighter than
     the null's by a `gap` below `gap_below` (the stability beyond the null was noise); or where a smaller k
     about as stable (within `tolerance` of the best) has a `prediction_strength` at least
     `strength_margin` above the chosen k's (it reproduces every one of its clusters, the chosen k cuts
@@ -102,6 +104,7 @@ class StabilityRule:
     plateau_below: float | None = 0.67
     gap_below: float | None = 0.2
     strength_margin: float | None = None
+    plateau_settled: float | None = 0.95
 
 
 STABILITY_RULE = StabilityRule()
@@ -509,6 +512,17 @@ def gap(row: dict[str, float | None]) -> float | None:
     return float(np.log(data) / np.log(null) - 1.0)
 
 
+def depth(row: dict[str, float | None]) -> float | None:
+    """How much deeper a candidate's clusters cut the data's log spread than a structureless cloud's:
+    Tibshirani, Walther & Hastie's gap itself, log of the null's share left minus log of the data's
+    (`gap` divides it by the null's own -log share). Across the candidates it rises while new clusters
+    find structure and flattens where they only cut the clusters found (the gap statistic's choice)."""
+    data, null = row.get("spread_left"), row.get("null_spread_left")
+    if data is None or null is None or not (data > 0 and 0 < null < 1):
+        return None
+    return float(np.log(null) - np.log(data))
+
+
 def raw_gain(row: dict[str, float | None]) -> float | None:
     """A candidate's stability minus its null's, unnormalised. `excess` divides it by the null's
     instability, which is small for few clusters (a cloud splits in two almost as reproducibly as the
@@ -560,6 +574,21 @@ def structureless(
     return null is not None and row["stability"] - null < constants.raw_below  # type: ignore[operator]
 
 
+def gap_settles(
+    table: dict[int, dict[str, float | None]], chosen: int, constants: StabilityRule = STABILITY_RULE
+) -> bool:
+    """The gap statistic backs the chosen k on a plateau of equally stable ks: its `depth` is within
+    `plateau_settled` of the deepest over the range, and the range reaches twice the chosen k (the span
+    the two-scales checks look at), so the depth was seen not to grow much further. A depth still growing
+    (data with finer structure: HW's digits split into sub-styles) or a choice near the top of the
+    range (nothing seen beyond it) does not settle the plateau."""
+    depths = {k: d for k, row in table.items() if (d := depth(row)) is not None}
+    if constants.plateau_settled is None or chosen not in depths or max(table) < 2 * chosen:
+        return False
+    deepest = max(depths.values())
+    return deepest > 0 and depths[chosen] >= constants.plateau_settled * deepest
+
+
 def confidence(
     table: dict[int, dict[str, float | None]],
     chosen: int,
@@ -589,12 +618,21 @@ def confidence(
         k for k in scored if k < chosen / 2 and scored[k] >= scored[chosen] - constants.tolerance
     )
     strengths = {k: float(v) for k in plateau if (v := table[k].get("prediction_strength")) is not None}
-    weakness = _weakness(scored, chosen, row, plateau, (rival, finer), constants, dominance, strengths)
+    settled = gap_settles(table, chosen, constants)
+    weakness = _weakness(
+        scored, chosen, row, plateau, (rival, finer), constants, dominance, strengths, settled
+    )
     verdict = "strong" if weakness is None else "weak"
     why = weakness or (
         f"k = {chosen}'s clusterings agree {row.get('stability'):.2f}, "
         f"{scored.get(chosen, 0.0):.2f} of the way from a structureless cloud of the data's shape to "
         "full agreement"
+        + (
+            f"; every k from {plateau[0]} to {plateau[-1]} is about as stable, and the gap to a cloud "
+            f"stops growing at {chosen}"
+            if settled and plateau[0] < chosen
+            else ""
+        )
     )
     return {
         "verdict": verdict,
@@ -620,6 +658,7 @@ def _weakness(
     constants: StabilityRule,
     dominance: float | None,
     strengths: dict[int, float],
+    settled: bool = False,
 ) -> str | None:
     """Why the choice is weak (`StabilityRule`'s checks, the first that holds), or None: strong.
     `rivals`: the k above twice the chosen one with the best excess, and the one with the best
@@ -662,7 +701,7 @@ def _weakness(
             f"k = {finer[0]} beats a structureless cloud of the data's shape by more agreement than k = "
             f"{chosen} ({finer[1]:.2f} against {gain:.2f}): structure at two scales"
         )
-    if constants.plateau_below is not None and plateau[0] < constants.plateau_below * chosen:
+    if constants.plateau_below is not None and plateau[0] < constants.plateau_below * chosen and not settled:
         return (
             f"every k from {plateau[0]} to {plateau[-1]} is about as stable (within {constants.tolerance:g} "
             f"of the best): the data do not decide within that range"

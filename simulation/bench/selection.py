@@ -341,13 +341,16 @@ def _loss_one(result: dict[str, Any], constants: StabilityRule) -> float:
 
 # each verdict check from its most cautious setting (the most weak verdicts) to off, so that among
 # constants the other benchmarks cannot tell apart the fit keeps a check a left-out benchmark may need
+PLATEAU_SETTLED = (None, 0.99, 0.95, 0.9)  # the plateau check always, or only where the gap is unsettled
 STRENGTH_MARGINS = (0.05, 0.1, 0.15, 0.2, None)  # `--strength`: the prediction-strength check's settings
 
 
 def grid(strength_margins: tuple[float | None, ...] = (None,)) -> list[StabilityRule]:
     """Every constants the fit chooses among (the prediction-strength check off unless asked)."""
     return [
-        StabilityRule(tolerance, weak_below, raw_below, ambiguity, dominant_above, plateau, gap_below, margin)
+        StabilityRule(
+            tolerance, weak_below, raw_below, ambiguity, dominant_above, plateau, gap_below, margin, settled
+        )
         for tolerance in (0.0, 0.02, 0.03, 0.05, 0.1)
         for weak_below in (0.4, 0.2, 0.0)
         for raw_below in (0.3, 0.2, 0.1, 0.0)
@@ -356,6 +359,7 @@ def grid(strength_margins: tuple[float | None, ...] = (None,)) -> list[Stability
         for plateau in (0.8, 0.67, 0.5, None)
         for gap_below in (0.2, 0.1, 0.05, 0.0, None)
         for margin in strength_margins
+        for settled in PLATEAU_SETTLED
     ]
 
 
@@ -377,8 +381,8 @@ def fit(
 
 def loss_table(results: list[dict[str, Any]], constants: list[StabilityRule] = GRID) -> dict[str, np.ndarray]:
     """Each result's loss under every entry of `constants` (a fit leaving any set out only adds rows),
-    the results spread over the machine's cores (with `--strength` 96,000 constants x 67 results: 9.5 min
-    on 2)."""
+    the results spread over the machine's cores (76,800 constants x 67 results: 7.5 min on 2; `--strength`
+    multiplies the constants by 5)."""
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor() as pool:
@@ -493,6 +497,7 @@ def _constants(constants: StabilityRule, strength: bool = False) -> str:
         constants.dominant_above,
         constants.plateau_below,
         constants.gap_below,
+        constants.plateau_settled,
     ]
     return ", ".join(f"{value}" for value in [*values, *([constants.strength_margin] if strength else [])])
 
@@ -533,7 +538,8 @@ def main(argv: list[str] | None = None) -> None:
             return
         print(loo_table(list(found.values()), constants))
         print(
-            "(tolerance, weak-below, raw-below, ambiguity, dominant-above, plateau-below, gap-below"
+            "(tolerance, weak-below, raw-below, ambiguity, dominant-above, plateau-below, gap-below, "
+            "plateau-settled"
             f"{', strength-margin' if args.strength else ''}; the code's: "
             f"{_constants(STABILITY_RULE, args.strength)})"
         )
