@@ -506,10 +506,8 @@ def gap(row: dict[str, float | None]) -> float | None:
     dimensions of sentence embeddings a few clusters leave most of the spread, and the plain gap is small.
     Unlike the stability, a mean over every record: one draw's noise does not move it (a box's halves
     may split alike by chance; its clusters are no tighter than the box null's)."""
-    data, null = row.get("spread_left"), row.get("null_spread_left")
-    if data is None or null is None or not (data > 0 and 0 < null < 1):
-        return None
-    return float(np.log(data) / np.log(null) - 1.0)
+    deeper = depth(row)
+    return None if deeper is None else deeper / -float(np.log(row["null_spread_left"]))  # type: ignore[arg-type]
 
 
 def depth(row: dict[str, float | None]) -> float | None:
