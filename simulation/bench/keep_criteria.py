@@ -6,9 +6,11 @@ For every pair of finished text runs on the same data and seed, `fk-NAME` (FSBER
 space, the frozen sentence embeddings both runs read, exactly as a federated message would: per node
 the records in clusters at or above the run's privacy floor, the pooled means from their sums, then
 SSB / SSW, the simplified silhouette and Davies–Bouldin around those means (`fedapp.metrics.label_free`;
-the simplified silhouette of an FSBERT k-FED run equals its own report's). Labels only
-score (the runs' own NMI). Each rule "keep the final where its criterion is not more than m below
-FSBERT k-FED's" is then fitted leaving one setting out (a setting: NAME without its `-s<seed>`):
+the simplified silhouette of an FSBERT k-FED run equals its own report's). Labels only score (the
+runs' own NMI). Any FSTC run may stand as `f2k-NAME`: its clustering is the one it labelled its records
+with (the weighted start's runs, `select = best`, are scored the same way). Each rule "keep the final
+where its criterion is not more than m below FSBERT k-FED's" is then fitted leaving one setting out (a
+setting: NAME without its `-s<seed>`):
 
     python -m simulation.bench.keep_criteria results/crit [--json results/crit/criteria.json]
 
