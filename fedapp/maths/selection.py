@@ -656,11 +656,12 @@ def _weakness(
     constants: StabilityRule,
     dominance: float | None,
     strengths: dict[int, float],
-    settled: bool = False,
+    settled: bool,
 ) -> str | None:
     """Why the choice is weak (`StabilityRule`'s checks, the first that holds), or None: strong.
     `rivals`: the k above twice the chosen one with the best excess, and the one with the best
-    `raw_gain` with that gain; `strengths`: the prediction strength of the ks on the plateau."""
+    `raw_gain` with that gain; `strengths`: the prediction strength of the ks on the plateau; `settled`:
+    the gap settles the plateau (`gap_settles`), so the plateau check stands down."""
     top = max(scored.values())
     rival, finer = rivals
     gain = raw_gain(row)
