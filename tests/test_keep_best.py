@@ -348,6 +348,8 @@ def test_keep_criteria_scores_a_clustering_as_its_federated_messages_would() -> 
     """`simulation.bench.keep_criteria.criteria`: per node only its clusters at or above the floor count;
     SSB / SSW and the simplified silhouette around the pooled means of what counts equal a direct
     computation on those records."""
+    from sklearn.neighbors import NearestNeighbors
+
     from simulation.bench.keep_criteria import Pair, criteria
 
     rng = np.random.default_rng(0)
@@ -368,11 +370,57 @@ def test_keep_criteria_scores_a_clustering_as_its_federated_messages_would() -> 
     assert values["simplified_silhouette"] == pytest.approx(np.mean((b - a) / np.maximum(a, b)), rel=1e-12)
     chs = calinski_harabasz_score(x, y)
     assert values["ssb_ssw"] == pytest.approx(chs * 2 / (len(y) - 3), rel=1e-9)
+    # the neighbours' agreement beyond chance: each node's records among its own 10 nearest, a record in
+    # a cluster under the floor on its node asks no question (it may still be a neighbour)
+    agree = expected = pairs = 0.0
+    for table in nodes:
+        own, labels_here = space[table[:, 0]], table[:, 1]
+        near = NearestNeighbors(n_neighbors=11).fit(own).kneighbors(own, return_distance=False)[:, 1:]
+        sizes = np.bincount(labels_here)
+        asks = sizes[labels_here] >= 5
+        agree += (labels_here[near[asks]] == labels_here[asks, None]).sum()
+        expected += 10 * (sizes[labels_here[asks]] / len(labels_here)).sum()
+        pairs += 10 * asks.sum()
+    assert values["neighbour_kappa"] == pytest.approx((agree - expected) / (pairs - expected), rel=1e-12)
     nmi = {"fk": 50.0, "f2k": 55.0}
     pair = Pair("s-s0", "s", nmi, {"fk": 4, "f2k": 4}, {"c": {"fk": 0.10, "f2k": 0.098}})
     assert pair.kept("c", 0.0) == "fk" and pair.kept("c", 0.03) == "f2k"
     fewer = Pair("s-s0", "s", nmi, {"fk": 4, "f2k": 1}, {"c": {"fk": 0.1, "f2k": 0.2}})
     assert fewer.kept("c", 0.0) == "fk"  # under half the clusters: never kept
+
+
+def test_neighbour_agreement_counts_each_querys_nearest_records_in_its_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every query's `neighbours` nearest other records (scikit-learn's NearestNeighbors finds the same),
+    in chunks of any size; a query in a cluster under the floor sits out; chance is each cluster's share;
+    clean clusters reach kappa 1, labels drawn at random about 0."""
+    from sklearn.neighbors import NearestNeighbors
+
+    from fedapp.maths import chunks
+    from simulation.bench.keep_criteria import NeighbourAgreement, neighbour_agreement
+
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(size=(100, 4)) + 8 * c for c in range(3)])
+    truth = np.repeat(np.arange(3), 100)
+    noise = rng.integers(0, 3, X.shape[0])
+    small = truth.copy()
+    small[:3] = 3  # a cluster of three records: under a floor of 5
+    nearest = NearestNeighbors(n_neighbors=6).fit(X).kneighbors(X, return_distance=False)[:, 1:]
+    whole = neighbour_agreement(X, [truth, noise, small], 4, 5, seed=0, neighbours=5, queries=300)
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 37)  # many uneven chunks of reference records
+    assert neighbour_agreement(X, [truth, noise, small], 4, 5, seed=0, neighbours=5, queries=300) == whole
+    assert whole[0] == NeighbourAgreement(1500.0, pytest.approx(500.0), 1500)
+    assert whole[0].kappa == pytest.approx(1.0)
+    assert whole[1].agree == (noise[nearest] == noise[:, None]).sum()
+    assert abs(whole[1].kappa) < 0.1  # type: ignore[arg-type]
+    assert whole[2].pairs == 5 * 297  # the three under the floor sit out as queries
+    sampled = neighbour_agreement(X, [noise], 3, 1, seed=1, neighbours=5, queries=50)[0]
+    assert (
+        sampled.pairs == 250
+        and sampled == neighbour_agreement(X, [noise], 3, 1, seed=1, neighbours=5, queries=50)[0]
+    )
+    assert (sampled + whole[1]).pairs == 1750
 
 
 def test_composite_texts_take_an_equal_sample_of_the_first_classes_of_each_set(
