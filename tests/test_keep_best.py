@@ -424,7 +424,7 @@ def test_neighbour_agreement_counts_each_querys_nearest_records_in_its_cluster(
 
 
 def test_composite_texts_take_an_equal_sample_of_the_first_classes_of_each_set(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """`--classes N` keeps the first N classes of every set named, `per_class` seeded texts each, labelled
     "<set>:<class>", whitespace collapsed; `--classes N M` N of the first set and M of the second, the
@@ -451,3 +451,21 @@ def test_composite_texts_take_an_equal_sample_of_the_first_classes_of_each_set(
     with pytest.raises(SystemExit):
         composite_texts.main(["unused.csv", "--sets", "agnews", "biomedical", "--classes", "1", "2", "3"])
     assert "one a set (2), got 3" in capsys.readouterr().err
+    # CLINC150 only when named: its first intents, a real set between 20 and 150 clusters
+    assert "clinc150" not in composite_texts.SETS
+    assert [label for _, label in composite_texts.rows(2, seed=0, sets=("clinc150",), classes=(2,))] == [
+        "clinc150:0"
+    ] * 2 + ["clinc150:1"] * 2
+    out = tmp_path / "clinc150-intents2.csv"
+    assert composite_texts.main([str(out), "--per-class", "2", "--sets", "clinc150", "--classes", "2"]) == 0
+    assert out.read_text().count("clinc150:") == 4
+
+
+def test_a_file_cut_from_clinc150_is_clinc150_in_the_loss_on_fit() -> None:
+    """Left out together: CLINC150's intents, its domains and a file of its first intents (they share
+    texts); a composite of the other sets is one dataset by its file's stem without digits."""
+    from simulation.bench.loss_on_table import _dataset
+
+    assert _dataset({"dataset": "csv:results/composite/clinc150-intents30.csv"}) == "clinc150"
+    assert _dataset({"dataset": "clinc150-domains"}) == _dataset({"dataset": "clinc150"}) == "clinc150"
+    assert _dataset({"dataset": "csv:results/composite/texts64.csv"}) == "texts"

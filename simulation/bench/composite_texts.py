@@ -3,7 +3,9 @@ Biomedical (20), AgNews (4) and 20 Newsgroups (20 groups), or of the `--sets` na
 sample of each, as one labelled CSV (64 classes; 40 from StackOverflow and Biomedical; `--classes N`
 takes the first N classes of each set, `--classes N M ...` the first N of the first set, M of the
 next). CLINC150 is the only registered text set with more than 20 clusters; a rule on k fitted leaving
-one dataset out needs another (docs/methods/fstc.md, "`loss-on = auto`").
+one dataset out needs another (docs/methods/fstc.md, "`loss-on = auto`"). `--sets clinc150 --classes N`
+takes its first N intents (alphabetical; 75 to 150 queries each): a real set between 20 and 150
+clusters, one dataset with CLINC150 in that fit (it shares its texts; name the file `clinc150-...`).
 
     python -m simulation.bench.composite_texts results/composite/texts64.csv --per-class 200
     python -m simulation.bench.composite_texts results/composite/texts40.csv --per-class 300 \
@@ -16,6 +18,8 @@ one dataset out needs another (docs/methods/fstc.md, "`loss-on = auto`").
         --sets stackoverflow biomedical --classes 14
     python -m simulation.bench.composite_texts results/composite/texts25.csv --per-class 300 \
         --sets stackoverflow biomedical --classes 13 12
+    python -m simulation.bench.composite_texts results/composite/clinc150-intents30.csv --per-class 75 \
+        --sets clinc150 --classes 30
 
 The file is a user's own labelled table (`text`, `label` = "<set>:<class>"): run it with
 `--dataset csv:results/composite/texts64.csv`. Texts are cut to 400 characters with whitespace
@@ -34,7 +38,8 @@ import numpy as np
 
 from fedapp.datasets.registry import load_dataset
 
-SETS = ("stackoverflow", "biomedical", "agnews", "20news")
+SETS = ("stackoverflow", "biomedical", "agnews", "20news")  # joined by default
+ALSO = ("clinc150",)  # and when named
 MAX_CHARS = 400
 
 
@@ -64,7 +69,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", type=Path, help="the CSV to write")
     parser.add_argument("--per-class", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS), help="the sets to join")
+    parser.add_argument("--sets", nargs="+", choices=SETS + ALSO, default=list(SETS), help="the sets to join")
     parser.add_argument(
         "--classes",
         type=int,

@@ -52,10 +52,12 @@ class Pair:
 
 def _dataset(summary: dict) -> str:
     """CLINC150's intents and domains are one dataset, and so are the composites of
-    `simulation.bench.composite_texts` (an own file's stem without its digits: texts40, texts64)."""
+    `simulation.bench.composite_texts` (an own file's stem without its digits: texts40, texts64); a
+    file cut from CLINC150 alone (`clinc150-intents30`) is CLINC150: it shares its texts."""
     name = str(summary["dataset"])
     if is_source_spec(name):
-        return re.sub(r"\d+$", "", Path(name.split(":", 1)[1]).stem)
+        stem = Path(name.split(":", 1)[1]).stem
+        return "clinc150" if stem.startswith("clinc150") else re.sub(r"\d+$", "", stem)
     return name.removesuffix("-domains")
 
 
