@@ -37,6 +37,7 @@ from fedapp.datasets.registry import load_dataset
 from fedapp.features.embeddings import EmbeddingCache, default_cache_dir
 from fedapp.features.texts import dataset_embeddings
 from fedapp.maths.chunks import as_float, row_chunks
+from fedapp.maths.clustering import squared_distances
 from fedapp.metrics.label_free import (
     cluster_sums,
     distance_sums,
@@ -151,12 +152,10 @@ def neighbour_agreement(
     rng = np.random.default_rng([seed, 0x4E4])
     sample = np.sort(rng.choice(n, min(queries, n), replace=False))
     query = np.asarray(features[sample], dtype=np.float64)
-    query_norms = np.einsum("ij,ij->i", query, query)
     best = np.full((sample.size, neighbours), np.inf)  # the nearest so far: squared distances, rows
     nearest = np.zeros((sample.size, neighbours), dtype=np.int64)
     for rows in row_chunks(n, max(sample.size, features.shape[1])):
-        x = np.asarray(features[rows], dtype=np.float64)
-        d2 = query_norms[:, None] - 2.0 * query @ x.T + np.einsum("ij,ij->i", x, x)[None, :]
+        d2 = squared_distances(features[rows], query).T  # (queries, this chunk's records)
         own = (sample >= rows.start) & (sample < rows.stop)
         d2[np.flatnonzero(own), sample[own] - rows.start] = np.inf  # a record is not its own neighbour
         pool = np.hstack([best, d2])
